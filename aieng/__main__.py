@@ -1,0 +1,3 @@
+from aieng.cli.main import main
+
+raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""The ``aieng`` command line: one module per command group, wired in ``main``."""

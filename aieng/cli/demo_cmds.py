@@ -1,0 +1,80 @@
+"""``aieng demo ...``: build the offline demo model, and install it into the store."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from aieng.cli.common import store_option_parent, settings_from
+
+
+STORE = store_option_parent()
+
+
+def add_parser(sub) -> None:
+    demo = sub.add_parser("demo", help="build the offline demo model (a small Llama trained from scratch)",
+                          description="The demo model is trained from nothing, offline, deterministically by seed.")
+    verbs = demo.add_subparsers(dest="verb", metavar="VERB", required=True)
+
+    p = verbs.add_parser("build", parents=[STORE], help="generate the corpus, train the tokenizer and the model, save in HF format",
+                         description="Build the demo model into --out (must not exist or be empty). "
+                                     "Takes about two minutes on 2 CPU cores with the default step count.")
+    p.add_argument("--out", default=None, help="output folder (default var/build/demo-seed<SEED>)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--steps", type=int, default=None, help="training steps (default: the shipped demo's)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(handler=_build)
+
+    p = verbs.add_parser("install", parents=[STORE], help="build, register, evaluate and promote the demo unless the store has one",
+                         description="Idempotent set-up used by `make serve` and `make test`: if NAME already has a "
+                                     "current version, do nothing; otherwise build (or reuse a finished build), "
+                                     "register as NAME@VERSION, run `aieng eval` into its manifest, and promote it.")
+    p.add_argument("--name", default="demo")
+    p.add_argument("--version", default="1")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--steps", type=int, default=None)
+    p.set_defaults(handler=_install)
+
+
+def _config(seed: int, steps: int | None):
+    from aieng.demo.build import DemoBuildConfig
+
+    config = DemoBuildConfig(seed=seed)
+    if steps is not None:
+        from dataclasses import replace
+
+        config = replace(config, steps=steps)
+    return config
+
+
+def _build(args: argparse.Namespace) -> int:
+    from aieng.demo.build import build_demo_model
+
+    out = Path(args.out or f"var/build/demo-seed{args.seed}")
+    path = build_demo_model(out, _config(args.seed, args.steps), progress=not args.no_progress)
+    print(f"demo model written to {path}; register it with: aieng model register {path} --name demo --version 1")
+    return 0
+
+
+def _install(args: argparse.Namespace) -> int:
+    from aieng.cli.eval_cmd import run_eval
+    from aieng.demo.build import build_demo_model
+    from aieng.store import ModelRef, ModelStore
+
+    settings = settings_from(args)
+    store = ModelStore(settings.store)
+    if args.name in store.names() and store.current(args.name):
+        print(f"{args.name}@{store.current(args.name)} is already current in {store.root}; nothing to do")
+        return 0
+    if args.version not in store.versions(args.name):
+        suffix = "" if args.steps is None else f"-steps{args.steps}"
+        build_dir = Path("var/build") / f"demo-seed{args.seed}{suffix}"
+        if not (build_dir / "config.json").is_file():  # builds are atomic: a config means a finished build
+            build_demo_model(build_dir, _config(args.seed, args.steps))
+        store.register(build_dir, args.name, args.version, provenance=f"aieng demo build --seed {args.seed}")
+        print(f"registered {args.name}@{args.version}")
+    ref = ModelRef(args.name, args.version)
+    run_eval(store, ref, settings)
+    store.promote(args.name, args.version, reason="initial install of the demo model")
+    print(f"promoted {args.name}@{args.version}; serve it with: aieng serve")
+    return 0

@@ -1,0 +1,51 @@
+"""``aieng``: parse, dispatch, and turn every AiengError into one line on stderr and a non-zero exit.
+
+Heavy imports (torch, transformers) happen inside the command handlers so ``--help`` is instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from aieng import __version__
+from aieng.cli import demo_cmds, eval_cmd, model_cmds, serve_cmd
+from aieng.errors import AiengError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="aieng",
+        description="Serve a language model the way production demands: verified store, engine, server, benchmarks.",
+        epilog="Settings come from AIENG_* environment variables (AIENG_STORE, AIENG_MODEL, ...); flags override them.",
+    )
+    parser.add_argument("--version", action="version", version=f"aieng {__version__}")
+    parser.add_argument("--store", default=None, help="model store root (default: $AIENG_STORE or ./var/store)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    demo_cmds.add_parser(sub)
+    model_cmds.add_parser(sub)
+    eval_cmd.add_parser(sub)
+    serve_cmd.add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    try:
+        return int(args.handler(args) or 0)
+    except AiengError as exc:
+        print(f"aieng: error: {exc.message}", file=sys.stderr)
+        return 1
+    except FileExistsError as exc:
+        print(f"aieng: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("aieng: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

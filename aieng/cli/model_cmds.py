@@ -1,0 +1,151 @@
+"""``aieng model ...``: the store's verbs."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from aieng.cli.common import store_option_parent, print_json, store_from
+from aieng.store import parse_ref
+
+
+STORE = store_option_parent()
+
+
+def add_parser(sub) -> None:
+    model = sub.add_parser("model", help="register, inspect, verify, promote and roll back model versions",
+                           description="Manage the verified model store ($AIENG_STORE, default ./var/store).")
+    verbs = model.add_subparsers(dest="verb", metavar="VERB", required=True)
+
+    p = verbs.add_parser("register", parents=[STORE], help="copy a safetensors model folder into the store and write its manifest",
+                         description="Copy SRC into the store as NAME@VERSION (status candidate). Hashes every file, "
+                                     "records hardware, dependencies, parameters, dtype and context length. Refuses "
+                                     "pickle weights, existing versions and folders that are not causal LMs.")
+    p.add_argument("src", help="a Hugging Face model folder with .safetensors weights")
+    p.add_argument("--name", required=True)
+    p.add_argument("--version", required=True)
+    p.add_argument("--source", default=None, help="provenance to record (default: the absolute SRC path)")
+    p.set_defaults(handler=_register)
+
+    p = verbs.add_parser("list", parents=[STORE], help="models, versions, status and which is current")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(handler=_list)
+
+    p = verbs.add_parser("show", parents=[STORE], help="print a version's manifest (N for current, N@V for a version)")
+    p.add_argument("ref", metavar="N[@V]")
+    p.set_defaults(handler=_show)
+
+    p = verbs.add_parser("verify", parents=[STORE], help="re-hash every file; exit 1 naming each mismatched, missing or extra file")
+    p.add_argument("ref", metavar="N[@V]")
+    p.set_defaults(handler=_verify)
+
+    p = verbs.add_parser("promote", parents=[STORE], help="verify V, then point N's `current` at it atomically; recorded in history")
+    p.add_argument("name")
+    p.add_argument("version")
+    p.add_argument("--reason", default="promote", help="why (kept in history.jsonl)")
+    p.set_defaults(handler=_promote)
+
+    p = verbs.add_parser("rollback", parents=[STORE], help="go back to the previously promoted version (or --to V)")
+    p.add_argument("name")
+    p.add_argument("--to", default=None, metavar="V", help="roll back to this version instead of the previous one")
+    p.add_argument("--reason", default="rollback", help="why (kept in history.jsonl)")
+    p.set_defaults(handler=_rollback)
+
+    p = verbs.add_parser("remove", parents=[STORE], help="delete a version that is not current")
+    p.add_argument("name")
+    p.add_argument("version")
+    p.set_defaults(handler=_remove)
+
+    p = verbs.add_parser("history", parents=[STORE], help="print the promote/rollback history of a model")
+    p.add_argument("name")
+    p.set_defaults(handler=_history)
+
+    p = verbs.add_parser("convert", parents=[STORE], help="explicitly convert pickle weights (.bin/.pt/.pth) to safetensors",
+                         description="Load pickle weights with torch.load(weights_only=True) (tensors only, no code) "
+                                     "and write SRC's files plus model.safetensors into --out.")
+    p.add_argument("src")
+    p.add_argument("--out", required=True)
+    p.set_defaults(handler=_convert)
+
+
+def _register(args: argparse.Namespace) -> int:
+    manifest = store_from(args).register(args.src, args.name, args.version, provenance=args.source)
+    print(f"registered {manifest.name}@{manifest.version}: {manifest.architecture}, "
+          f"{manifest.num_parameters:,} parameters, {manifest.dtype}, {len(manifest.files)} files (status candidate)")
+    return 0
+
+
+def _list(args: argparse.Namespace) -> int:
+    store = store_from(args)
+    rows = []
+    for name in store.names():
+        current = store.current(name)
+        for version in store.versions(name):
+            manifest = store.manifest(parse_ref(f"{name}@{version}"))
+            rows.append({"name": name, "version": version, "current": version == current, "status": manifest.status,
+                         "parameters": manifest.num_parameters, "created_at": manifest.created_at})
+    if args.json:
+        print_json(rows)
+        return 0
+    if not rows:
+        print(f"the store at {store.root} is empty; register a model with: aieng model register SRC --name N --version V")
+        return 0
+    print(f"{'':2}{'NAME':16}{'VERSION':12}{'STATUS':11}{'PARAMETERS':>12}  CREATED")
+    for row in rows:
+        mark = "* " if row["current"] else "  "
+        print(f"{mark}{row['name']:16}{row['version']:12}{row['status']:11}{row['parameters']:>12,}  {row['created_at']}")
+    return 0
+
+
+def _show(args: argparse.Namespace) -> int:
+    store = store_from(args)
+    ref = parse_ref(args.ref)
+    data = store.manifest(ref).to_dict()
+    data["current"] = store.current(ref.name) == data["version"]
+    print_json(data)
+    return 0
+
+
+def _verify(args: argparse.Namespace) -> int:
+    report = store_from(args).verify(parse_ref(args.ref))
+    if report.ok:
+        print(f"{report.name}@{report.version}: OK (every file matches its manifest hash)")
+        return 0
+    print(f"{report.name}@{report.version}: FAILED verification", file=sys.stderr)
+    for problem in report.problems:
+        print(f"  {problem}", file=sys.stderr)
+    return 1
+
+
+def _promote(args: argparse.Namespace) -> int:
+    event = store_from(args).promote(args.name, args.version, reason=args.reason)
+    print(f"{args.name}: current {event['from'] or '(none)'} -> {event['to']}")
+    return 0
+
+
+def _rollback(args: argparse.Namespace) -> int:
+    event = store_from(args).rollback(args.name, args.to, reason=args.reason)
+    print(f"{args.name}: rolled back {event['from']} -> {event['to']}")
+    return 0
+
+
+def _remove(args: argparse.Namespace) -> int:
+    store_from(args).remove(args.name, args.version)
+    print(f"removed {args.name}@{args.version}")
+    return 0
+
+
+def _history(args: argparse.Namespace) -> int:
+    for event in store_from(args).history(args.name):
+        print(f"{event['ts']}  {event['action']:8}  {event['from'] or '-':>8} -> {event['to']:<8}  "
+              f"{event['actor']}: {event['reason']}")
+    return 0
+
+
+def _convert(args: argparse.Namespace) -> int:
+    from aieng.store.convert import convert_to_safetensors
+
+    out = convert_to_safetensors(args.src, args.out)
+    print(f"converted {args.src} -> {out}/model.safetensors; register it with: "
+          f"aieng model register {out} --name N --version V")
+    return 0

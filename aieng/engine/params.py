@@ -1,0 +1,60 @@
+"""Sampling parameters and their validation: one precise message per rule (the TGI way)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aieng.errors import InvalidRequestError
+
+MAX_STOP_STRINGS = 4  # OpenAI's limit
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int = 16
+    temperature: float = 1.0  # 0 means greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 means no top-k filter
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+
+    def validate(self) -> "SamplingParams":
+        if self.max_tokens < 1:
+            raise InvalidRequestError(f"max_tokens must be >= 1, got {self.max_tokens}", param="max_tokens")
+        if self.temperature < 0:
+            raise InvalidRequestError(f"temperature must be >= 0, got {self.temperature}", param="temperature")
+        if not 0 < self.top_p <= 1:
+            raise InvalidRequestError(f"top_p must be > 0 and <= 1, got {self.top_p}", param="top_p")
+        if self.top_k < 0:
+            raise InvalidRequestError(f"top_k must be >= 0 (0 disables it), got {self.top_k}", param="top_k")
+        if self.repetition_penalty <= 0:
+            raise InvalidRequestError(f"repetition_penalty must be > 0, got {self.repetition_penalty}",
+                                      param="repetition_penalty")
+        if len(self.stop) > MAX_STOP_STRINGS:
+            raise InvalidRequestError(f"at most {MAX_STOP_STRINGS} stop strings are allowed, got {len(self.stop)}",
+                                      param="stop")
+        if any(s == "" for s in self.stop):
+            raise InvalidRequestError("stop strings must not be empty", param="stop")
+        return self
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    text: str
+    finish_reason: str  # "stop" (EOS or a stop string) or "length" (max_tokens or context limit)
+    prompt_tokens: int
+    completion_tokens: int
+
+
+def validate_request(prompt_tokens: int, params: SamplingParams, context_length: int) -> None:
+    """Reject an empty prompt or one that cannot fit with its ``max_tokens`` in the context."""
+    if prompt_tokens == 0:
+        raise InvalidRequestError("prompt must not be empty", param="prompt")
+    requested = prompt_tokens + params.max_tokens
+    if requested > context_length:
+        raise InvalidRequestError(
+            f"This model's maximum context length is {context_length} tokens, but {requested} tokens were requested "
+            f"({prompt_tokens} in the prompt + {params.max_tokens} max_tokens). Shorten the prompt or lower max_tokens.",
+            param="prompt", code="context_length_exceeded",
+        )

@@ -1,0 +1,38 @@
+"""Device and dtype policy, explicit so the same package runs on a CPU box and a GPU host.
+
+- device ``auto``: CUDA when present, else CPU. ``torch.cuda.is_available()`` does not create a
+  CUDA context, so choosing a device is safe before gunicorn forks.
+- dtype ``auto``: float32 on CPU (bf16 matmuls are slow on most CPUs and fp16 is unsupported for
+  many CPU kernels), bfloat16 on CUDA when the GPU supports it, else float16.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from aieng.errors import ModelLoadError
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16}
+
+
+def choose_device(requested: str = "auto") -> torch.device:
+    if requested == "auto":
+        return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    try:
+        device = torch.device(requested)
+    except RuntimeError as exc:
+        raise ModelLoadError(f"unknown device {requested!r}: use auto, cpu, cuda or cuda:N") from exc
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ModelLoadError(f"device {requested!r} requested but CUDA is not available on this host; use --device cpu")
+    return device
+
+
+def choose_dtype(requested: str, device: torch.device) -> torch.dtype:
+    if requested == "auto":
+        if device.type == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.float32
+    if requested not in DTYPES:
+        raise ModelLoadError(f"unknown dtype {requested!r}: use auto, float32, bfloat16 or float16")
+    return DTYPES[requested]

@@ -1,0 +1,109 @@
+"""Load a model version from the store: verify, refuse remote code, budget memory, then read weights.
+
+The order matters: hashes are checked before any weight byte is parsed (a tampered file is never
+deserialised), and the memory budget is checked before allocation (a model that cannot fit is
+refused with numbers instead of being OOM-killed half-way).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from aieng.errors import AiengError, ModelLoadError
+from aieng.loading.device import choose_device, choose_dtype
+from aieng.loading.memory import MemoryBudget, check_memory_budget
+from aieng.metrics import MODEL_INFO, MODEL_LOAD_ERRORS, MODEL_LOAD_SECONDS
+from aieng.store import Manifest, ModelRef, ModelStore
+from aieng.store.hashing import fingerprint
+from aieng.store.introspect import inspect_folder, needs_remote_code, read_config
+
+
+@dataclass(frozen=True)
+class LoadConfig:
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    dtype: str = "auto"  # auto | float32 | bfloat16 | float16
+    memory_headroom: float = 0.8  # share of available RAM the weights may use
+    gpu_memory_fraction: float = 0.9  # share of GPU memory the weights may use
+
+    @classmethod
+    def from_settings(cls, settings) -> "LoadConfig":
+        return cls(device=settings.device, dtype=settings.dtype, memory_headroom=settings.memory_headroom,
+                   gpu_memory_fraction=settings.gpu_memory_fraction)
+
+
+@dataclass
+class LoadedModel:
+    model: torch.nn.Module
+    tokenizer: object
+    path: Path
+    name: str
+    version: str | None
+    manifest: Manifest | None
+    device: torch.device
+    dtype: torch.dtype
+    load_seconds: float
+    budget: MemoryBudget
+
+    @property
+    def context_length(self) -> int:
+        return int(getattr(self.model.config, "max_position_embeddings", 2048))
+
+
+def load_version(store: ModelStore, ref: ModelRef, config: LoadConfig = LoadConfig()) -> LoadedModel:
+    """Verify every hash of ``ref`` and load it; failures are counted and re-raised unchanged."""
+    start = time.perf_counter()
+    try:
+        version = store.resolve(ref)
+        resolved = ModelRef(ref.name, version)
+        store.verify_or_raise(resolved)
+        path = store.version_dir(ref.name, version)
+        manifest = Manifest.read(path)
+        loaded = _load(path, label=str(resolved), num_parameters=manifest.num_parameters, config=config)
+    except AiengError as exc:
+        MODEL_LOAD_ERRORS.labels(model=ref.name, code=exc.code).inc()
+        raise
+    except Exception:
+        MODEL_LOAD_ERRORS.labels(model=ref.name, code="internal_error").inc()
+        raise
+    elapsed = time.perf_counter() - start
+    MODEL_LOAD_SECONDS.labels(model=ref.name).observe(elapsed)
+    MODEL_INFO.labels(name=ref.name, version=version, sha256=fingerprint(manifest.files)).set(1)
+    loaded.name, loaded.version, loaded.manifest, loaded.load_seconds = ref.name, version, manifest, elapsed
+    return loaded
+
+
+def load_folder(path: Path | str, config: LoadConfig = LoadConfig(), *, name: str | None = None) -> LoadedModel:
+    """Load an unregistered local folder (benchmarks, notebooks): same safety rules, no hash check."""
+    path = Path(path)
+    start = time.perf_counter()
+    facts = inspect_folder(path)
+    loaded = _load(path, label=str(path), num_parameters=facts.num_parameters, config=config)
+    loaded.name = name or path.name
+    loaded.load_seconds = time.perf_counter() - start
+    return loaded
+
+
+def _load(path: Path, *, label: str, num_parameters: int, config: LoadConfig) -> LoadedModel:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if needs_remote_code(read_config(path)):
+        raise ModelLoadError(f"{label} needs trust_remote_code, which aieng never enables; "
+                             "serve a model whose architecture transformers ships", code="remote_code_refused")
+    device = choose_device(config.device)
+    dtype = choose_dtype(config.dtype, device)
+    budget = check_memory_budget(label, num_parameters, dtype, device, memory_headroom=config.memory_headroom,
+                                 gpu_memory_fraction=config.gpu_memory_fraction)
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=False)
+    model = AutoModelForCausalLM.from_pretrained(
+        path, local_files_only=True, trust_remote_code=False, use_safetensors=True, dtype=dtype
+    )
+    model.to(device)
+    model.eval()
+    if tokenizer.pad_token_id is None and tokenizer.eos_token_id is not None:
+        tokenizer.pad_token = tokenizer.eos_token  # batching needs a pad id; eos is the usual stand-in
+    return LoadedModel(model=model, tokenizer=tokenizer, path=path, name=path.name, version=None, manifest=None,
+                       device=device, dtype=dtype, load_seconds=0.0, budget=budget)

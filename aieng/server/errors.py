@@ -1,0 +1,58 @@
+"""Every error leaves the server as OpenAI's envelope; no traceback ever reaches a client."""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from aieng.errors import AiengError, InvalidRequestError
+
+log = logging.getLogger("aieng.server")
+
+
+def error_response(exc: AiengError, headers: dict | None = None) -> JSONResponse:
+    return JSONResponse(exc.envelope(), status_code=exc.status, headers=headers)
+
+
+def _describe_validation(exc: RequestValidationError) -> InvalidRequestError:
+    first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+    loc = [str(part) for part in first.get("loc", ()) if part != "body"]
+    field = ".".join(loc) or None
+    kind = first.get("type", "")
+    if kind == "missing":
+        message = f"missing required field {field!r}"
+    elif kind == "json_invalid":
+        message = "request body is not valid JSON"
+        field = None
+    elif field is None:
+        message = f"request body is invalid: {first.get('msg')}"
+    else:
+        message = f"invalid value for {field!r}: {first.get('msg')}"
+    return InvalidRequestError(message, param=field)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(AiengError)
+    async def _aieng(_: Request, exc: AiengError):
+        if exc.status >= 500:
+            log.error("request failed: %s", exc.message)
+        return error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError):
+        return error_response(_describe_validation(exc))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException):
+        err = AiengError(str(exc.detail), code="not_found" if exc.status_code == 404 else "http_error")
+        err.status, err.type = exc.status_code, "invalid_request_error"
+        return error_response(err)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception):
+        log.exception("unhandled error")  # traceback stays in the server log
+        return error_response(AiengError("internal server error; the server log has the details"))

@@ -1,0 +1,89 @@
+"""Cross-cutting HTTP concerns: request ids, timing, the body-size limit, request metrics."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+
+from aieng.metrics import REQUEST_DURATION, REQUESTS
+
+REQUEST_ID_HEADER = "x-request-id"
+
+
+class RequestContextMiddleware:
+    """Echo (or create) ``X-Request-ID``, add ``X-Process-Time``, count requests by route and code.
+
+    Pure ASGI rather than ``BaseHTTPMiddleware`` so streaming responses are not buffered.
+    """
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        start = time.perf_counter()
+        headers = dict(scope.get("headers") or [])
+        request_id = headers.get(b"x-request-id", b"").decode("latin-1")[:128] or uuid.uuid4().hex
+        scope.setdefault("state", {})["request_id"] = request_id
+        status_holder = {"code": 500}
+
+        async def send_with_headers(message):
+            if message["type"] == "http.response.start":
+                status_holder["code"] = message["status"]
+                extra = [(b"x-request-id", request_id.encode("latin-1")),
+                         (b"x-process-time", f"{time.perf_counter() - start:.6f}".encode())]
+                message = {**message, "headers": list(message.get("headers", [])) + extra}
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_headers)
+        finally:
+            route = scope.get("route")
+            path = getattr(route, "path", None) or "unmatched"
+            REQUESTS.labels(route=path, code=str(status_holder["code"])).inc()
+            REQUEST_DURATION.labels(route=path).observe(time.perf_counter() - start)
+
+
+class BodySizeLimitMiddleware:
+    """Refuse bodies over ``max_bytes`` with 413 before they are parsed, whatever Content-Length claims."""
+
+    def __init__(self, app, max_bytes: int):
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            return await self._reject(send)
+        received = 0
+        too_large = False
+
+        async def limited_receive():
+            nonlocal received, too_large
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_bytes:
+                    too_large = True
+                    raise _BodyTooLarge()
+            return message
+
+        try:
+            await self.app(scope, limited_receive, send)
+        except _BodyTooLarge:
+            await self._reject(send)
+
+    async def _reject(self, send):
+        body = json.dumps({"error": {"message": f"request body exceeds the limit of {self.max_bytes} bytes",
+                                     "type": "invalid_request_error", "param": None, "code": "request_too_large"}}).encode()
+        await send({"type": "http.response.start", "status": 413,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+
+
+class _BodyTooLarge(Exception):
+    pass

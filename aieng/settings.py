@@ -1,0 +1,53 @@
+"""Settings from ``AIENG_*`` environment variables, overridable by CLI flags.
+
+A plain dataclass rather than a settings framework: the fields are few, the CLI passes
+overrides explicitly, and the same object is handed down to every component that needs it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+
+
+def _env(name: str, default: str | None = None) -> str | None:
+    value = os.environ.get(name)
+    return value if value not in (None, "") else default
+
+
+@dataclass(frozen=True)
+class Settings:
+    store: Path = field(default_factory=lambda: Path("var/store"))  # AIENG_STORE: the model store root
+    model: str = "demo"  # AIENG_MODEL: N or N@V served by `aieng serve`
+    host: str = "127.0.0.1"  # AIENG_HOST: loopback by default; set 0.0.0.0 behind a proxy deliberately
+    port: int = 8000  # AIENG_PORT
+    workers: str = "1"  # AIENG_WORKERS: "auto" or a count
+    device: str = "auto"  # AIENG_DEVICE: auto | cpu | cuda | cuda:N
+    dtype: str = "auto"  # AIENG_DTYPE: auto (fp32 on CPU, bf16 on CUDA when supported) | float32 | bfloat16 | float16
+    gpu_memory_fraction: float = 0.9  # AIENG_GPU_MEMORY_FRACTION: share of GPU memory the weights may plan to use
+    memory_headroom: float = 0.8  # AIENG_MEMORY_HEADROOM: share of available RAM the weights may plan to use
+    max_body_bytes: int = 1_000_000  # AIENG_MAX_BODY_BYTES: request-body limit (413 beyond)
+    log_level: str = "info"  # AIENG_LOG_LEVEL
+
+    @classmethod
+    def from_env(cls, **overrides) -> "Settings":
+        """Defaults, then ``AIENG_<FIELD>`` variables, then non-None ``overrides`` (CLI flags)."""
+        values: dict = {}
+        for f in fields(cls):
+            raw = _env(f"AIENG_{f.name.upper()}")
+            if raw is None:
+                continue
+            values[f.name] = _coerce(f.name, raw)
+        settings = cls(**values)
+        clean = {k: (_coerce(k, v) if isinstance(v, str) else v) for k, v in overrides.items() if v is not None}
+        return replace(settings, **clean)
+
+
+def _coerce(name: str, raw: str):
+    kinds = {"store": Path, "port": int, "gpu_memory_fraction": float, "memory_headroom": float, "max_body_bytes": int}
+    kind = kinds.get(name, str)
+    try:
+        return kind(raw)
+    except ValueError as exc:
+        raise ValueError(f"AIENG_{name.upper()}={raw!r} is not a valid {kind.__name__}") from exc

@@ -1,0 +1,14 @@
+"""The verified model store: versions on disk, their manifests, and the `current` pointer.
+
+Layout (DESIGN.md)::
+
+    <store>/<name>/versions/<version>/   model files + manifest.json
+    <store>/<name>/current -> versions/<version>
+    <store>/<name>/history.jsonl
+"""
+
+from aieng.store.manifest import Manifest
+from aieng.store.refs import ModelRef, parse_ref
+from aieng.store.store import ModelStore, VerifyReport
+
+__all__ = ["Manifest", "ModelRef", "ModelStore", "VerifyReport", "parse_ref"]

@@ -1,0 +1,283 @@
+"""ModelStore: register, verify, promote, roll back and remove model versions safely.
+
+Every mutation either completes or leaves the store as it was:
+- a new version is assembled in a hidden temp dir and renamed into ``versions/`` at the end;
+- ``current`` is replaced by renaming a fresh symlink over it (atomic on POSIX), so readers never
+  see it missing;
+- mutations of one model take an exclusive ``flock`` on ``<name>/.lock``, so concurrent
+  promotes serialise and ``history.jsonl`` lines never interleave.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import getpass
+import json
+import os
+import shutil
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from aieng.errors import ModelNotFoundError, StoreError, VerificationError
+from aieng.hardware import dependency_versions, hardware_profile
+from aieng.store.hashing import compare_hashes, hash_tree
+from aieng.store.introspect import inspect_folder
+from aieng.store.manifest import Manifest
+from aieng.store.refs import ModelRef, check_name
+
+
+def utc_now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def default_actor() -> str:
+    try:
+        return os.environ.get("AIENG_ACTOR") or getpass.getuser()
+    except Exception:  # no passwd entry in some containers
+        return f"uid:{os.getuid()}"
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    name: str
+    version: str
+    problems: list[str]
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+class ModelStore:
+    def __init__(self, root: Path | str):
+        self.root = Path(root)
+
+    # -- paths ---------------------------------------------------------------------------------
+    def model_dir(self, name: str) -> Path:
+        return self.root / check_name(name)
+
+    def version_dir(self, name: str, version: str) -> Path:
+        return self.model_dir(name) / "versions" / check_name(version, "version")
+
+    def history_path(self, name: str) -> Path:
+        return self.model_dir(name) / "history.jsonl"
+
+    @contextlib.contextmanager
+    def _lock(self, name: str):
+        directory = self.model_dir(name)
+        directory.mkdir(parents=True, exist_ok=True)
+        with open(directory / ".lock", "a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+    # -- queries -------------------------------------------------------------------------------
+    def names(self) -> list[str]:
+        if not self.root.is_dir():
+            return []
+        return sorted(p.name for p in self.root.iterdir() if (p / "versions").is_dir())
+
+    def versions(self, name: str) -> list[str]:
+        directory = self.model_dir(name) / "versions"
+        if not directory.is_dir():
+            return []
+        return sorted((p.name for p in directory.iterdir() if p.is_dir() and not p.name.startswith(".")), key=_version_key)
+
+    def current(self, name: str) -> str | None:
+        link = self.model_dir(name) / "current"
+        if not link.is_symlink():
+            return None
+        return Path(os.readlink(link)).name
+
+    def resolve(self, ref: ModelRef) -> str:
+        """The concrete version a reference names, or a ModelNotFoundError saying what exists."""
+        if ref.name not in self.names():
+            known = ", ".join(self.names()) or "none"
+            raise ModelNotFoundError(f"model {ref.name!r} is not in the store at {self.root} (models: {known}); "
+                                     f"register one with: aieng model register SRC --name {ref.name} --version V")
+        if ref.version is None:
+            version = self.current(ref.name)
+            if version is None:
+                raise ModelNotFoundError(f"model {ref.name!r} has no current version; promote one with: "
+                                         f"aieng model promote {ref.name} V")
+            return version
+        if ref.version not in self.versions(ref.name):
+            raise ModelNotFoundError(f"{ref} does not exist; versions of {ref.name}: {', '.join(self.versions(ref.name)) or 'none'}")
+        return ref.version
+
+    def path(self, ref: ModelRef) -> Path:
+        return self.version_dir(ref.name, self.resolve(ref))
+
+    def manifest(self, ref: ModelRef) -> Manifest:
+        return Manifest.read(self.path(ref))
+
+    def history(self, name: str) -> list[dict]:
+        path = self.history_path(name)
+        if not path.is_file():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+    # -- register ------------------------------------------------------------------------------
+    def register(self, source: Path | str, name: str, version: str, *, provenance: str | None = None) -> Manifest:
+        """Copy a safetensors model folder into the store as ``name@version`` (status ``candidate``)."""
+        source = Path(source).resolve()
+        check_name(name)
+        check_name(version, "version")
+        facts = inspect_folder(source)  # refuses pickle, non-causal-LM, remote code, no safetensors
+        target = self.version_dir(name, version)
+        if target.exists():
+            raise StoreError(f"{name}@{version} already exists; versions are immutable: register a new version")
+        versions_root = target.parent
+        versions_root.mkdir(parents=True, exist_ok=True)
+        tmp = versions_root / f".tmp-{version}-{uuid.uuid4().hex[:8]}"
+        try:
+            shutil.copytree(source, tmp, symlinks=False, ignore=shutil.ignore_patterns(".*", "manifest.json", "__pycache__"))
+            manifest = Manifest(
+                name=name,
+                version=version,
+                created_at=utc_now(),
+                source=provenance or str(source),
+                files=hash_tree(tmp),
+                architecture=facts.architecture,
+                num_parameters=facts.num_parameters,
+                dtype=facts.dtype,
+                context_length=facts.context_length,
+                hardware_profile=hardware_profile(),
+                dependencies=dependency_versions(),
+                prompt_template=facts.prompt_template,
+            )
+            manifest.write(tmp)
+            _fsync_dir(tmp)
+            with self._lock(name):
+                if target.exists():  # a concurrent register of the same version won
+                    raise StoreError(f"{name}@{version} already exists; versions are immutable: register a new version")
+                os.rename(tmp, target)
+                _fsync_dir(versions_root)
+            return manifest
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+
+    # -- verify --------------------------------------------------------------------------------
+    def verify(self, ref: ModelRef) -> VerifyReport:
+        version = self.resolve(ref)
+        directory = self.version_dir(ref.name, version)
+        try:
+            manifest = Manifest.read(directory)
+        except (OSError, ValueError) as exc:
+            return VerifyReport(ref.name, version, [f"missing: manifest.json ({exc})"])
+        return VerifyReport(ref.name, version, compare_hashes(manifest.files, directory))
+
+    def verify_or_raise(self, ref: ModelRef) -> VerifyReport:
+        report = self.verify(ref)
+        if not report.ok:
+            raise VerificationError(
+                f"{report.name}@{report.version} failed verification: {'; '.join(report.problems)}. "
+                "Do not serve it: re-register the version from its source, or roll back",
+                problems=report.problems,
+            )
+        return report
+
+    # -- promote / rollback --------------------------------------------------------------------
+    def promote(self, name: str, version: str, *, reason: str = "promote", actor: str | None = None) -> dict:
+        """Point ``current`` at ``version`` (verified first) and record it in history."""
+        self.resolve(ModelRef(name, version))
+        self.verify_or_raise(ModelRef(name, version))
+        with self._lock(name):
+            return self._switch(name, version, action="promote", reason=reason, actor=actor)
+
+    def rollback(self, name: str, to: str | None = None, *, reason: str = "rollback", actor: str | None = None) -> dict:
+        """Go back to the previously promoted version (or ``to``)."""
+        with self._lock(name):
+            current = self.current(name)
+            if to is None:
+                stack = [v for v in self._promotion_stack(name) if v in self.versions(name)]
+                if current is None or len(stack) < 2:
+                    raise StoreError(f"{name} has no previous promoted version to roll back to "
+                                     f"(current: {current or 'none'}); promote a version, or name one with --to V")
+                to = stack[-2]
+            else:
+                self.resolve(ModelRef(name, to))
+                if to == current:
+                    raise StoreError(f"{name}@{to} is already current; nothing to roll back")
+            self.verify_or_raise(ModelRef(name, to))
+            return self._switch(name, to, action="rollback", reason=reason, actor=actor)
+
+    def _promotion_stack(self, name: str) -> list[str]:
+        """Replay history: promote pushes, rollback returns to an earlier entry (or pushes an unseen one)."""
+        stack: list[str] = []
+        for event in self.history(name):
+            target = event["to"]
+            if event.get("action") == "rollback" and target in stack:
+                del stack[stack.index(target) + 1:]
+            else:
+                stack.append(target)
+        return stack
+
+    def _switch(self, name: str, version: str, *, action: str, reason: str, actor: str | None) -> dict:
+        directory = self.model_dir(name)
+        previous = self.current(name)
+        tmp_link = directory / f".current-{uuid.uuid4().hex[:8]}"
+        os.symlink(Path("versions") / version, tmp_link)
+        os.replace(tmp_link, directory / "current")
+        _fsync_dir(directory)
+        self._set_status(name, version, "stable")
+        if action == "rollback" and previous and previous != version:
+            self._set_status(name, previous, "retired")
+        event = {"ts": utc_now(), "action": action, "from": previous, "to": version, "reason": reason,
+                 "actor": actor or default_actor()}
+        with open(self.history_path(name), "a") as handle:
+            handle.write(json.dumps(event) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        return event
+
+    def _set_status(self, name: str, version: str, status: str) -> None:
+        directory = self.version_dir(name, version)
+        manifest = Manifest.read(directory)
+        manifest.status = status
+        manifest.write(directory)
+
+    # -- manifest updates ----------------------------------------------------------------------
+    def update_manifest(self, ref: ModelRef, **changes) -> Manifest:
+        """Set mutable fields (``eval``, ``performance_baseline``, ``status``); hashes are never touched."""
+        allowed = {"eval", "performance_baseline", "status"}
+        if set(changes) - allowed:
+            raise StoreError(f"only {sorted(allowed)} can change after registration")
+        with self._lock(ref.name):
+            directory = self.path(ref)
+            manifest = Manifest.read(directory)
+            for key, value in changes.items():
+                setattr(manifest, key, value)
+            manifest.write(directory)
+            return manifest
+
+    # -- remove --------------------------------------------------------------------------------
+    def remove(self, name: str, version: str) -> None:
+        with self._lock(name):
+            self.resolve(ModelRef(name, version))
+            if self.current(name) == version:
+                raise StoreError(f"{name}@{version} is current and cannot be removed; promote or roll back first")
+            target = self.version_dir(name, version)
+            # Rename first so a crash mid-delete never leaves a half version that looks real.
+            doomed = target.parent / f".removing-{version}-{uuid.uuid4().hex[:8]}"
+            os.rename(target, doomed)
+            shutil.rmtree(doomed)
+
+
+def _version_key(version: str):
+    """Sort '2' before '10' but still order arbitrary strings."""
+    return [(0, int(part), "") if part.isdigit() else (1, 0, part) for part in version.replace("-", ".").split(".")]
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
