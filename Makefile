@@ -1,0 +1,53 @@
+# Two commands do all set-up on a fresh machine with Python 3.11 and pip:
+#   make serve   venv + locked deps + demo model in the store, then the server on 127.0.0.1:8000
+#   make test    the same set-up, then the whole suite (unit, integration, notebooks, runbooks)
+
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+export AIENG_STORE ?= $(CURDIR)/var/store
+# Keep the machine's cores for one torch process at a time during tests and builds.
+export TOKENIZERS_PARALLELISM ?= false
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+
+.PHONY: help install demo serve test test-fast lab lock clean
+
+help:
+	@echo "make serve   set up (venv, locked deps, demo model) and serve on 127.0.0.1:8000"
+	@echo "make test    set up, then run unit, integration, notebook (nbval) and runbook (papermill) tests"
+	@echo "make lab     JupyterLab on notebooks/"
+	@echo "make lock    regenerate requirements.lock from pyproject.toml"
+
+$(STAMP): requirements.lock pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -r requirements.lock
+	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e .
+	$(BIN)/python -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (aieng)" >/dev/null
+	touch $(STAMP)
+
+install: $(STAMP)
+
+# Build + register + evaluate + promote the demo model unless the store already has a current one.
+demo: $(STAMP)
+	$(BIN)/aieng demo install
+
+serve: demo
+	$(BIN)/aieng serve
+
+test: demo
+	$(BIN)/python -m pytest tests --nbval-lax notebooks runbooks -p no:cacheprovider
+
+lab: demo
+	$(BIN)/jupyter lab notebooks/
+
+lock: $(STAMP)
+	$(BIN)/pip-compile --quiet --extra dev --strip-extras --no-emit-index-url --no-emit-find-links \
+		-o requirements.lock pyproject.toml
+	# the CPU wheel on disk reports 2.13.0+cpu; pin the public version so GPU hosts resolve too
+	sed -i 's/^torch==\(.*\)+cpu/torch==\1/' requirements.lock
+
+clean:
+	rm -rf $(VENV) var/build .pytest_cache
