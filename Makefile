@@ -18,7 +18,7 @@ help:
 	@echo "make serve   set up (venv, locked deps, demo model) and serve on 127.0.0.1:8000"
 	@echo "make test    set up, then run unit, integration, notebook (nbval) and runbook (papermill) tests"
 	@echo "make lab     JupyterLab on notebooks/"
-	@echo "make lock    regenerate requirements.lock from pyproject.toml"
+	@echo "make lock    regenerate requirements.lock and environment.yml from pyproject.toml"
 
 $(STAMP): requirements.lock pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -48,6 +48,7 @@ lock: $(STAMP)
 		-o requirements.lock pyproject.toml
 	# the CPU wheel on disk reports 2.13.0+cpu; pin the public version so GPU hosts resolve too
 	sed -i 's/^torch==\(.*\)+cpu/torch==\1/' requirements.lock
+	$(BIN)/python -m aieng.lockfile requirements.lock environment.yml
 
 clean:
 	rm -rf $(VENV) var/build .pytest_cache
