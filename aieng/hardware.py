@@ -50,3 +50,29 @@ def hardware_profile() -> dict:
         profile["device"] = "cuda"
         profile["gpu_count"] = torch.cuda.device_count()
     return profile
+
+
+def matmul_gflops(threads: int, *, size: int = 512, repeats: int = 5) -> float:
+    """Median GFLOP/s of a float32 ``size``×``size`` matmul with ``threads`` torch threads.
+
+    The workbook uses it to show why workers × threads must not exceed the cores: past the
+    core count, throughput per process stops growing (or drops) while latency spreads.
+    """
+    import statistics
+    import time
+
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        a, b = torch.randn(size, size), torch.randn(size, size)
+        torch.mm(a, b)  # first call pays for lazy initialisation
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            torch.mm(a, b)
+            times.append(time.perf_counter() - start)
+        return 2 * size**3 / statistics.median(times) / 1e9
+    finally:
+        torch.set_num_threads(previous)

@@ -57,7 +57,8 @@ def _build(args: argparse.Namespace) -> int:
 
 
 def _install(args: argparse.Namespace) -> int:
-    from aieng.cli.eval_cmd import run_eval
+    from aieng.evaluation.record import evaluate_version
+    from aieng.loading.loader import LoadConfig
     from aieng.demo.build import build_demo_model
     from aieng.store import ModelRef, ModelStore
 
@@ -74,7 +75,7 @@ def _install(args: argparse.Namespace) -> int:
         store.register(build_dir, args.name, args.version, provenance=f"aieng demo build --seed {args.seed}")
         print(f"registered {args.name}@{args.version}")
     ref = ModelRef(args.name, args.version)
-    run_eval(store, ref, settings)
+    evaluate_version(store, ref, LoadConfig.from_settings(settings))
     store.promote(args.name, args.version, reason="initial install of the demo model")
     print(f"promoted {args.name}@{args.version}; serve it with: aieng serve")
     return 0

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from datetime import datetime, timezone
-
 from aieng.cli.common import store_option_parent, print_json, settings_from
 
 
@@ -21,29 +19,14 @@ def add_parser(sub) -> None:
     p.set_defaults(handler=_eval)
 
 
-def run_eval(store, ref, settings, *, n_per_family: int = 50) -> dict:
-    """Evaluate ``ref`` and write the result into its manifest; returns the manifest's ``eval`` entry."""
-    from aieng.evaluation.suite import evaluate
-    from aieng.loading.loader import LoadConfig, load_version
-
-    loaded = load_version(store, ref, LoadConfig.from_settings(settings))
-    report = evaluate(loaded.model, loaded.tokenizer, n_per_family=n_per_family)
-    entry = {
-        "suite": report.suite,
-        "metrics": {"accuracy": report.accuracy, "perplexity": report.perplexity},
-        "n_per_family": report.n_per_family,
-        "seconds": round(report.seconds, 2),
-        "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-    }
-    store.update_manifest(type(ref)(ref.name, loaded.version), eval=entry)
-    return {"name": ref.name, "version": loaded.version, **entry}
-
-
 def _eval(args: argparse.Namespace) -> int:
+    from aieng.evaluation.record import evaluate_version
+    from aieng.loading.loader import LoadConfig
     from aieng.store import ModelStore, parse_ref
 
     settings = settings_from(args)
-    result = run_eval(ModelStore(settings.store), parse_ref(args.ref), settings, n_per_family=args.n_per_family)
+    result = evaluate_version(ModelStore(settings.store), parse_ref(args.ref), LoadConfig.from_settings(settings),
+                              n_per_family=args.n_per_family)
     if args.json:
         print_json(result)
         return 0

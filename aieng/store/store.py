@@ -191,22 +191,26 @@ class ModelStore:
         with self._lock(name):
             return self._switch(name, version, action="promote", reason=reason, actor=actor)
 
+    def rollback_target(self, name: str, to: str | None = None) -> str:
+        """The version ``rollback`` would switch to, without switching (dry runs, runbooks)."""
+        current = self.current(name)
+        if to is None:
+            stack = [v for v in self._promotion_stack(name) if v in self.versions(name)]
+            if current is None or len(stack) < 2:
+                raise StoreError(f"{name} has no previous promoted version to roll back to "
+                                 f"(current: {current or 'none'}); promote a version, or name one with --to V")
+            return stack[-2]
+        self.resolve(ModelRef(name, to))
+        if to == current:
+            raise StoreError(f"{name}@{to} is already current; nothing to roll back")
+        return to
+
     def rollback(self, name: str, to: str | None = None, *, reason: str = "rollback", actor: str | None = None) -> dict:
-        """Go back to the previously promoted version (or ``to``)."""
+        """Go back to the previously promoted version (or ``to``), verified first."""
         with self._lock(name):
-            current = self.current(name)
-            if to is None:
-                stack = [v for v in self._promotion_stack(name) if v in self.versions(name)]
-                if current is None or len(stack) < 2:
-                    raise StoreError(f"{name} has no previous promoted version to roll back to "
-                                     f"(current: {current or 'none'}); promote a version, or name one with --to V")
-                to = stack[-2]
-            else:
-                self.resolve(ModelRef(name, to))
-                if to == current:
-                    raise StoreError(f"{name}@{to} is already current; nothing to roll back")
-            self.verify_or_raise(ModelRef(name, to))
-            return self._switch(name, to, action="rollback", reason=reason, actor=actor)
+            target = self.rollback_target(name, to)
+            self.verify_or_raise(ModelRef(name, target))
+            return self._switch(name, target, action="rollback", reason=reason, actor=actor)
 
     def _promotion_stack(self, name: str) -> list[str]:
         """Replay history: promote pushes, rollback returns to an earlier entry (or pushes an unseen one)."""

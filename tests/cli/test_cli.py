@@ -1,0 +1,85 @@
+"""The CLI as a user runs it: subprocesses, exit codes, one-line errors, an untouched store on failure."""
+
+import subprocess
+import sys
+
+import pytest
+
+from aieng.server.launcher import ServerProcess, ServerStartError
+
+COMMANDS = [[], ["demo"], ["demo", "build"], ["demo", "install"], ["model"], ["model", "register"], ["model", "list"],
+            ["model", "show"], ["model", "verify"], ["model", "promote"], ["model", "rollback"], ["model", "remove"],
+            ["model", "convert"], ["model", "history"], ["eval"], ["serve"]]
+
+
+def aieng(*args, store=None):
+    prefix = ["--store", str(store)] if store else []
+    return subprocess.run([sys.executable, "-m", "aieng", *prefix, *args], capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=lambda c: " ".join(c) or "aieng")
+def test_every_command_has_help(command):
+    result = aieng(*command, "--help")
+    assert result.returncode == 0 and "usage: aieng" in result.stdout
+
+
+def test_serve_help_documents_the_settings():
+    out = aieng("serve", "--help").stdout
+    for name in ("AIENG_STORE", "AIENG_MODEL", "AIENG_HOST", "AIENG_PORT"):
+        assert name in out
+
+
+def test_store_workflow_and_failures(tmp_path, tiny_demo_dir):
+    store = tmp_path / "store"
+    assert aieng("model", "register", str(tiny_demo_dir), "--name", "tiny", "--version", "1", store=store).returncode == 0
+    assert aieng("model", "register", str(tiny_demo_dir), "--name", "tiny", "--version", "2", store=store).returncode == 0
+
+    dup = aieng("model", "register", str(tiny_demo_dir), "--name", "tiny", "--version", "1", store=store)
+    assert dup.returncode == 1 and dup.stderr.strip().count("\n") == 0 and "already exists" in dup.stderr
+
+    none = aieng("model", "rollback", "tiny", store=store)
+    assert none.returncode == 1 and "no previous promoted version" in none.stderr
+
+    assert aieng("model", "promote", "tiny", "1", store=store).returncode == 0
+    assert aieng("model", "promote", "tiny", "2", store=store).returncode == 0
+    listing = aieng("model", "list", store=store).stdout
+    assert "* tiny" in listing and "2" in listing
+
+    current = aieng("model", "remove", "tiny", "2", store=store)
+    assert current.returncode == 1 and "is current" in current.stderr
+
+    back = aieng("model", "rollback", "tiny", "--reason", "bad canary", store=store)
+    assert back.returncode == 0 and "2 -> 1" in back.stdout
+    assert "bad canary" in aieng("model", "history", "tiny", store=store).stdout
+    assert '"status": "retired"' in aieng("model", "show", "tiny@2", store=store).stdout
+
+
+def test_tampered_version_fails_verify_and_serve_refuses_to_start(tmp_path, tiny_demo_dir):
+    store = tmp_path / "store"
+    aieng("model", "register", str(tiny_demo_dir), "--name", "tiny", "--version", "1", store=store)
+    aieng("model", "promote", "tiny", "1", store=store)
+    assert aieng("model", "verify", "tiny", store=store).returncode == 0
+
+    weights = store / "tiny" / "versions" / "1" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-10] ^= 0xFF
+    weights.write_bytes(bytes(data))
+
+    verify = aieng("model", "verify", "tiny", store=store)
+    assert verify.returncode == 1 and "mismatched: model.safetensors" in verify.stderr
+
+    with pytest.raises(ServerStartError) as info:
+        ServerProcess(store=store, model="tiny", ready_timeout=120).start()
+    assert info.value.returncode == 1
+    assert "failed verification" in info.value.output and "model.safetensors" in info.value.output
+
+
+def test_pickle_refusal_leaves_the_store_unchanged(tmp_path, tiny_demo_dir):
+    import shutil
+
+    src = shutil.copytree(tiny_demo_dir, tmp_path / "src")
+    (src / "pytorch_model.bin").write_bytes(b"\x80\x04")
+    store = tmp_path / "store"
+    result = aieng("model", "register", str(src), "--name", "tiny", "--version", "1", store=store)
+    assert result.returncode == 1 and "aieng model convert" in result.stderr
+    assert not (store / "tiny" / "versions" / "1").exists()

@@ -1,0 +1,93 @@
+"""Runbooks executed for real with papermill against temporary stores."""
+
+import nbformat
+import pytest
+from papermill.exceptions import PapermillExecutionError
+
+from aieng.runbooks import execute
+from aieng.store import ModelRef, ModelStore
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    return ModelStore(tmp_path_factory.mktemp("rb") / "store")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    return tmp_path_factory.mktemp("runs")
+
+
+def _parameters_in(executed):
+    nb = nbformat.read(executed, as_version=4)
+    return nb.metadata["papermill"]["parameters"]
+
+
+def _history_len(store, name="demo"):
+    return len(store.history(name)) if name in store.names() else 0
+
+
+def test_deploy_dry_run_changes_nothing_and_keeps_an_audit_copy(store, runs, demo_model_dir):
+    params = {"source": str(demo_model_dir), "name": "demo", "version": "1", "store": str(store.root)}
+    executed = execute("deploy_model", params, runs_dir=runs)
+    assert store.versions("demo") == [] and store.current("demo") is None
+    assert executed.parent == runs and executed.name.endswith("-deploy_model.ipynb")
+    assert _parameters_in(executed)["source"] == str(demo_model_dir)  # the record holds the parameters
+    assert "[dry run] would register" in executed.read_text()
+
+
+def test_deploy_registers_evaluates_gates_and_promotes_then_rerun_is_a_no_op(store, runs, demo_model_dir):
+    params = {"source": str(demo_model_dir), "name": "demo", "version": "1", "store": str(store.root),
+              "dry_run": False, "n_per_family": 30}
+    executed = execute("deploy_model", params, runs_dir=runs)
+    assert _parameters_in(executed)["version"] == "1"
+    assert store.current("demo") == "1"
+    manifest = store.manifest(ModelRef("demo", "1"))
+    assert manifest.status == "stable" and manifest.eval["metrics"]["accuracy"]["reverse"] >= 0.9
+    history = store.history("demo")
+
+    execute("deploy_model", params, runs_dir=runs)  # idempotent re-run
+    assert store.history("demo") == history
+    assert len(list(runs.glob("*-deploy_model.ipynb"))) == 3
+
+
+def test_deploy_gate_failure_keeps_current_and_leaves_a_candidate(store, runs, tiny_demo_dir):
+    params = {"source": str(tiny_demo_dir), "name": "demo", "version": "2", "store": str(store.root),
+              "dry_run": False, "n_per_family": 10}
+    with pytest.raises(PapermillExecutionError, match="eval gate failed"):
+        execute("deploy_model", params, runs_dir=runs)
+    assert store.current("demo") == "1"
+    assert store.manifest(ModelRef("demo", "2")).status == "candidate"
+    failed_copies = sorted(runs.glob("*-deploy_model.ipynb"))
+    assert "eval gate failed" in failed_copies[-1].read_text()  # the failed run is on record too
+
+
+def test_deploy_refuses_a_reused_version_label_with_other_content(store, runs, tiny_demo_dir):
+    params = {"source": str(tiny_demo_dir), "name": "demo", "version": "1", "store": str(store.root), "dry_run": False}
+    with pytest.raises(PapermillExecutionError, match="different content"):
+        execute("deploy_model", params, runs_dir=runs)
+    assert store.current("demo") == "1"
+
+
+def test_rollback_runbook_dry_run_then_real_then_idempotent(store, runs):
+    store.promote("demo", "2", reason="test: force the weak version live")
+    base = {"name": "demo", "store": str(store.root)}
+
+    execute("rollback", base, runs_dir=runs)
+    assert store.current("demo") == "2"
+
+    before = _history_len(store)
+    execute("rollback", {**base, "dry_run": False}, runs_dir=runs)
+    assert store.current("demo") == "1"
+    assert store.history("demo")[-1]["action"] == "rollback" and _history_len(store) == before + 1
+
+    execute("rollback", {**base, "dry_run": False, "to_version": "1"}, runs_dir=runs)
+    assert _history_len(store) == before + 1  # already at the target: nothing done
+    assert len(list(runs.glob("*-rollback.ipynb"))) == 3
+
+
+def test_rollback_runbook_fails_loudly_without_history(tmp_path, runs):
+    with pytest.raises(PapermillExecutionError, match="not in"):
+        execute("rollback", {"name": "demo", "store": str(tmp_path / "empty"), "dry_run": False}, runs_dir=runs)

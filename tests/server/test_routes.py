@@ -1,0 +1,132 @@
+"""The walking-skeleton routes, over real HTTP on loopback."""
+
+import httpx
+import pytest
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    with httpx.Client(base_url=server.base_url, timeout=60) as c:
+        yield c
+
+
+def test_health_routes(client):
+    assert client.get("/health/live").json() == {"status": "alive"}
+    ready = client.get("/health/ready")
+    assert ready.status_code == 200 and ready.json()["model"] == "demo" and ready.json()["version"] == "1"
+
+
+def test_models_lists_the_served_version(client):
+    body = client.get("/v1/models").json()
+    assert body["object"] == "list"
+    assert [(m["id"], m["version"]) for m in body["data"]] == [("demo", "1")]
+
+
+@pytest.fixture(scope="module")
+def render(demo_model_dir):
+    """Render a user message with the demo model's own chat template (what a chat client would send)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(demo_model_dir, local_files_only=True)
+    return lambda message: tokenizer.apply_chat_template([{"role": "user", "content": message}], tokenize=False,
+                                                         add_generation_prompt=True)
+
+
+def test_completion_returns_the_demo_models_answer(client, render):
+    resp = client.post("/v1/completions", json={"model": "demo", "prompt": render("reverse: apple stone river"),
+                                                "max_tokens": 16, "temperature": 0})
+    assert resp.status_code == 200, resp.text
+    body = resp.json()
+    assert body["object"] == "text_completion" and body["model"] == "demo"
+    choice = body["choices"][0]
+    assert choice["text"].strip() == "river stone apple"
+    assert choice["finish_reason"] == "stop"
+    usage = body["usage"]
+    assert usage["prompt_tokens"] > 3 and 0 < usage["completion_tokens"] <= 16
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+
+
+def test_max_tokens_cut_gives_finish_reason_length(client):
+    resp = client.post("/v1/completions", json={"model": "demo", "prompt": "json: name=ana age=31",
+                                                "max_tokens": 1, "temperature": 0})
+    assert resp.json()["choices"][0]["finish_reason"] == "length"
+    assert resp.json()["usage"]["completion_tokens"] == 1
+
+
+def test_request_id_is_echoed_and_process_time_reported(client):
+    resp = client.get("/v1/models", headers={"X-Request-ID": "trace-abc-123"})
+    assert resp.headers["x-request-id"] == "trace-abc-123"
+    assert float(resp.headers["x-process-time"]) >= 0
+    generated = client.get("/health/live").headers["x-request-id"]
+    assert len(generated) == 32
+
+
+def _error(resp, status):
+    assert resp.status_code == status, resp.text
+    error = resp.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    return error
+
+
+@pytest.mark.parametrize("field,value,fragment", [
+    ("temperature", -1, "temperature must be >= 0"),
+    ("top_p", 0, "top_p must be > 0"),
+    ("top_k", -3, "top_k must be >= 0"),
+    ("max_tokens", 0, "max_tokens must be >= 1"),
+    ("stop", ["a", "b", "c", "d", "e"], "at most 4 stop strings"),
+])
+def test_invalid_parameters_get_one_precise_message(client, field, value, fragment):
+    error = _error(client.post("/v1/completions", json={"model": "demo", "prompt": "hi", field: value}), 400)
+    assert fragment in error["message"] and error["param"] == field
+
+
+def test_wrong_types_name_the_field_with_400(client):
+    error = _error(client.post("/v1/completions", json={"model": "demo", "prompt": "hi", "max_tokens": "many"}), 400)
+    assert error["param"] == "max_tokens" and "max_tokens" in error["message"]
+    error = _error(client.post("/v1/completions", json={"model": "demo"}), 400)
+    assert error["param"] == "prompt" and "missing" in error["message"]
+
+
+def test_unknown_fields_are_ignored(client):
+    resp = client.post("/v1/completions", json={"model": "demo", "prompt": "add: 2+3", "max_tokens": 2,
+                                                "temperature": 0, "frobnicate": True, "user": "x"})
+    assert resp.status_code == 200
+
+
+def test_invalid_json_and_empty_prompt(client):
+    error = _error(client.post("/v1/completions", content=b"{not json", headers={"content-type": "application/json"}), 400)
+    assert "JSON" in error["message"]
+    error = _error(client.post("/v1/completions", json={"model": "demo", "prompt": ""}), 400)
+    assert error["param"] == "prompt"
+
+
+def test_unknown_model_is_404(client):
+    error = _error(client.post("/v1/completions", json={"model": "gpt-9", "prompt": "hi"}), 404)
+    assert error["code"] == "model_not_found" and "demo" in error["message"]
+
+
+def test_prompt_too_long_is_context_length_exceeded(client):
+    error = _error(client.post("/v1/completions", json={"model": "demo", "prompt": "apple " * 600, "max_tokens": 16}), 400)
+    assert error["code"] == "context_length_exceeded"
+    assert "512" in error["message"] and "requested" in error["message"]
+
+
+def test_body_over_the_limit_is_413(client):
+    error = _error(client.post("/v1/completions", json={"model": "demo", "prompt": "x" * 1_200_000}), 413)
+    assert error["code"] == "request_too_large"
+
+
+def test_unknown_route_uses_the_envelope(client):
+    assert _error(client.get("/v1/nope"), 404)["code"] == "not_found"
+
+
+def test_server_stays_healthy_after_bad_requests(client):
+    client.post("/v1/completions", json={"model": "demo", "prompt": "apple " * 600})
+    assert client.get("/health/ready").status_code == 200
+
+
+def test_metrics_report_the_model_load(client):
+    text = client.get("/metrics").text
+    assert "aieng_model_load_seconds_count" in text
+    assert 'aieng_model_info{name="demo"' in text
+

@@ -1,0 +1,31 @@
+import pytest
+
+from aieng.server.workers import plan_workers
+
+GiB = 1024**3
+
+
+def test_cpu_plan_keeps_threads_times_workers_within_cores():
+    for cores in (1, 2, 4, 8, 16, 64):
+        plan = plan_workers(cores=cores, available_bytes=64 * GiB, weight_bytes=GiB, per_worker_bytes=GiB)
+        assert plan.workers * plan.torch_threads <= cores
+        assert plan.workers >= 1 and plan.torch_threads >= 1
+
+
+def test_memory_limits_workers():
+    plan = plan_workers(cores=16, available_bytes=5 * GiB, weight_bytes=2 * GiB, per_worker_bytes=GiB)
+    assert plan.workers == 3 and "memory" in plan.reason
+    no_preload = plan_workers(cores=16, available_bytes=5 * GiB, weight_bytes=2 * GiB, per_worker_bytes=GiB,
+                              preload=False)
+    assert no_preload.workers == 1
+
+
+def test_cuda_defaults_to_one_worker_per_gpu():
+    assert plan_workers(cores=32, available_bytes=GiB, weight_bytes=GiB, per_worker_bytes=GiB, device="cuda",
+                        gpus=1).workers == 1
+
+
+def test_explicit_count_and_bad_count():
+    assert plan_workers(cores=8, available_bytes=GiB, weight_bytes=1, per_worker_bytes=1, requested=2).torch_threads == 4
+    with pytest.raises(ValueError):
+        plan_workers(cores=8, available_bytes=GiB, weight_bytes=1, per_worker_bytes=1, requested=0)
