@@ -1,7 +1,13 @@
-"""Text generation. ``reference`` wraps transformers' ``generate()``: the walking skeleton's engine
-and, later, the baseline the hand-written loop is checked against."""
+"""Text generation: the hand-written prefill/decode loop over a continuously batched KV cache.
 
+- ``engine``: the Engine (prefill, decode, remove; generate and stream on top)
+- ``kv_batch``: the right-aligned batch cache rows join and leave
+- ``sampling``, ``stops``, ``detokenize``: per-row sampling, stop strings, incremental text
+- ``params``: sampling parameters and request validation
+"""
+
+from aieng.engine.engine import Engine, EngineConfig, GenerationRequest, TokenEvent
 from aieng.engine.params import GenerationResult, SamplingParams, validate_request
-from aieng.engine.reference import ReferenceGenerator
 
-__all__ = ["GenerationResult", "ReferenceGenerator", "SamplingParams", "validate_request"]
+__all__ = ["Engine", "EngineConfig", "GenerationRequest", "GenerationResult", "SamplingParams", "TokenEvent",
+           "validate_request"]

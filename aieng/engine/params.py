@@ -18,6 +18,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    ignore_eos: bool = False  # keep generating past EOS (benchmarks need a fixed token count)
 
     def validate(self) -> "SamplingParams":
         if self.max_tokens < 1:
@@ -45,6 +46,7 @@ class GenerationResult:
     finish_reason: str  # "stop" (EOS or a stop string) or "length" (max_tokens or context limit)
     prompt_tokens: int
     completion_tokens: int
+    token_ids: tuple[int, ...] = ()  # generated ids (EOS included when generated), for parity checks
 
 
 def validate_request(prompt_tokens: int, params: SamplingParams, context_length: int) -> None:

@@ -1,4 +1,4 @@
-"""Start the server: verify and load the model first, then bind.
+"""Start the server: verify and load the model, warm the engine up, then bind.
 
 Loading before binding means a version that fails verification never answers a request: the
 process exits non-zero with the reason, which is what a supervisor (systemd, k8s) needs to see.
@@ -7,8 +7,9 @@ process exits non-zero with the reason, which is what a supervisor (systemd, k8s
 from __future__ import annotations
 
 import logging
+import threading
 
-from aieng.engine import ReferenceGenerator
+from aieng.engine import Engine, EngineConfig, GenerationRequest, GenerationResult, SamplingParams
 from aieng.loading.loader import LoadConfig, load_version
 from aieng.server.app import ServerState, create_app
 from aieng.settings import Settings
@@ -17,16 +18,32 @@ from aieng.store import ModelStore, parse_ref
 log = logging.getLogger("aieng.server")
 
 
-def build_state(settings: Settings) -> ServerState:
+class SerialEngine:
+    """One request at a time through the engine (the scheduler replaces this with continuous batching)."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self._lock = threading.Lock()
+
+    def count_tokens(self, prompt: str) -> int:
+        return len(self.engine.encode(prompt))
+
+    def generate(self, prompt: str, params: SamplingParams) -> GenerationResult:
+        ids = self.engine.encode(prompt)
+        self.engine.check(GenerationRequest("check", ids, params))  # 400 before taking the lock
+        with self._lock:
+            return self.engine.generate([ids], params)[0]
+
+
+def build_state(settings: Settings, engine_config: EngineConfig = EngineConfig()) -> ServerState:
     """Verify, load and warm up the configured model; raises an AiengError if it must not be served."""
     store = ModelStore(settings.store)
     loaded = load_version(store, parse_ref(settings.model), LoadConfig.from_settings(settings))
     log.info("loaded %s@%s in %.2fs on %s (%s)", loaded.name, loaded.version, loaded.load_seconds, loaded.device,
              loaded.dtype)
-    generator = ReferenceGenerator(loaded.model, loaded.tokenizer, context_length=loaded.context_length,
-                                   device=loaded.device)
-    generator.warmup()
-    state = ServerState(generator=generator, model_name=loaded.name, model_version=loaded.version)
+    engine = Engine(loaded.model, loaded.tokenizer, context_length=loaded.context_length, config=engine_config)
+    log.info("engine warm-up took %.2fs", engine.warmup())
+    state = ServerState(generator=SerialEngine(engine), model_name=loaded.name, model_version=loaded.version)
     state.ready = True
     return state
 

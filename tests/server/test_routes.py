@@ -46,8 +46,8 @@ def test_completion_returns_the_demo_models_answer(client, render):
     assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
 
 
-def test_max_tokens_cut_gives_finish_reason_length(client):
-    resp = client.post("/v1/completions", json={"model": "demo", "prompt": "json: name=ana age=31",
+def test_max_tokens_cut_gives_finish_reason_length(client, render):
+    resp = client.post("/v1/completions", json={"model": "demo", "prompt": render("json: name=ana age=31"),
                                                 "max_tokens": 1, "temperature": 0})
     assert resp.json()["choices"][0]["finish_reason"] == "length"
     assert resp.json()["usage"]["completion_tokens"] == 1

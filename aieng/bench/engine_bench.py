@@ -1,0 +1,108 @@
+"""``aieng bench engine``: the aieng loop against transformers' pipeline and generate().
+
+Same process, same model, same prompts, greedy, a fixed number of new tokens (EOS ignored), one
+untimed warm-up per method, then the median over repeats. Ratios are what to quote: absolute
+tokens/s on a shared 2-core machine move with the neighbours; ratios measured side by side in
+one run much less.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+
+from aieng.engine import SamplingParams
+from aieng.engine.engine import Engine, EngineConfig
+
+BENCH_PROMPTS = [
+    "reverse: apple stone river cloud", "add: 27+58", "json: name=ana age=31 city=oslo", "sort: pear fig apple",
+    "reverse: one two three four five six", "add: 3+94", "json: id=7 color=red", "sort: zoo ant moon kite bell",
+]
+
+
+@dataclass
+class EngineBenchResult:
+    hf_pipeline_tok_s: float
+    hf_generate_tok_s: float
+    aieng_b1_tok_s: float
+    aieng_b8_tok_s: float
+    aieng_b32_tok_s: float
+    ratio_vs_generate: float
+    ratio_vs_pipeline: float
+    b32_over_b1: float
+    new_tokens: int
+    repeats: int
+    model: str
+    threads: int
+
+    def to_dict(self) -> dict:
+        return {k: round(v, 3) if isinstance(v, float) else v for k, v in asdict(self).items()}
+
+
+def render_prompts(tokenizer, count: int) -> list[str]:
+    """Bench prompts, through the chat template when the tokenizer has one."""
+    prompts = [BENCH_PROMPTS[i % len(BENCH_PROMPTS)] for i in range(count)]
+    if getattr(tokenizer, "chat_template", None):
+        return [tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
+                                              add_generation_prompt=True) for p in prompts]
+    return prompts
+
+
+def _median_time(fn, repeats: int) -> float:
+    fn()  # warm-up, not timed
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def run_engine_bench(model, tokenizer, *, new_tokens: int = 32, repeats: int = 3, label: str = "model",
+                     engine_config: EngineConfig = EngineConfig(), progress=None) -> EngineBenchResult:
+    from transformers import pipeline
+
+    tick = progress.update if progress is not None else (lambda _=1: None)
+    prompts1 = render_prompts(tokenizer, 4)  # batch-1 methods run these one after another
+    greedy = SamplingParams(max_tokens=new_tokens, temperature=0, ignore_eos=True)
+    hf_kwargs = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+                     pad_token_id=tokenizer.pad_token_id)
+
+    generator = pipeline("text-generation", model=model, tokenizer=tokenizer, device=model.device)
+
+    def run_pipeline():
+        for p in prompts1:
+            generator(p, return_full_text=False, **hf_kwargs)
+
+    encoded = [tokenizer(p, return_tensors="pt").to(model.device) for p in prompts1]
+
+    def run_generate():
+        with torch.inference_mode():
+            for enc in encoded:
+                model.generate(**enc, **hf_kwargs)
+
+    engine = Engine(model, tokenizer, config=engine_config)
+    ids1 = [engine.encode(p) for p in prompts1]
+
+    def run_aieng(batch):
+        if batch == 1:
+            return lambda: [engine.generate([ids], greedy) for ids in ids1]
+        ids = [engine.encode(p) for p in render_prompts(tokenizer, batch)]
+        return lambda: engine.generate(ids, greedy)
+
+    tokens1 = new_tokens * len(prompts1)
+    pipe_s = _median_time(run_pipeline, repeats); tick()
+    gen_s = _median_time(run_generate, repeats); tick()
+    b1_s = _median_time(run_aieng(1), repeats); tick()
+    b8_s = _median_time(run_aieng(8), repeats); tick()
+    b32_s = _median_time(run_aieng(32), repeats); tick()
+    pipe, gen, b1 = tokens1 / pipe_s, tokens1 / gen_s, tokens1 / b1_s
+    b32 = 32 * new_tokens / b32_s
+    return EngineBenchResult(
+        hf_pipeline_tok_s=pipe, hf_generate_tok_s=gen, aieng_b1_tok_s=b1, aieng_b8_tok_s=8 * new_tokens / b8_s,
+        aieng_b32_tok_s=b32, ratio_vs_generate=b1 / gen, ratio_vs_pipeline=b1 / pipe, b32_over_b1=b32 / b1,
+        new_tokens=new_tokens, repeats=repeats, model=label, threads=torch.get_num_threads(),
+    )

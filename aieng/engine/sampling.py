@@ -1,0 +1,68 @@
+"""Per-row sampling over a batch of logits: each row keeps its own knobs and its own RNG.
+
+Greedy rows take the argmax. Sampled rows go through repetition penalty → temperature → top-k →
+top-p, then draw with their own ``torch.Generator`` (seeded from the request's ``seed``), so a
+row's draws depend only on its own seed and its own logits, never on its batch-mates.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from aieng.engine.params import SamplingParams
+
+
+def new_generator(seed: int | None, device: torch.device) -> torch.Generator:
+    generator = torch.Generator(device=device)
+    if seed is None:
+        generator.seed()
+    else:
+        generator.manual_seed(seed)
+    return generator
+
+
+def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
+    """HF semantics: seen tokens' positive logits are divided by ``penalty``, negative ones multiplied."""
+    # logits: [V]  seen: [N] token ids (prompt + generated)
+    scores = logits.gather(0, seen)
+    scores = torch.where(scores > 0, scores / penalty, scores * penalty)
+    return logits.scatter(0, seen, scores)
+
+
+def filter_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """Set logits outside the top-k / nucleus to -inf (always keeps the most likely token)."""
+    # logits: [V]
+    if top_k and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, descending=True)
+        cumulative = sorted_logits.softmax(-1).cumsum(-1)
+        remove = cumulative - sorted_logits.softmax(-1) >= top_p  # mass before this token already reaches top_p
+        remove[0] = False
+        logits = logits.masked_fill(remove.scatter(0, order, remove), float("-inf"))
+    return logits
+
+
+def sample_row(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator,
+               seen: torch.Tensor | None) -> int:
+    """One token for one row. ``logits`` [V] float32."""
+    if params.repetition_penalty != 1.0 and seen is not None and seen.numel():
+        logits = apply_repetition_penalty(logits, seen, params.repetition_penalty)
+    if params.temperature == 0:
+        return int(logits.argmax())
+    logits = filter_top_k_top_p(logits / params.temperature, params.top_k, params.top_p)
+    probs = logits.softmax(-1)
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def sample_batch(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator],
+                 seen: list[torch.Tensor | None]) -> list[int]:
+    """Tokens for a batch. ``logits`` [B, V]. Greedy rows without penalties share one argmax."""
+    logits = logits.float()
+    plain_greedy = [p.temperature == 0 and p.repetition_penalty == 1.0 for p in params]
+    if all(plain_greedy):
+        return logits.argmax(-1).tolist()
+    argmax = logits.argmax(-1).tolist()
+    return [argmax[i] if plain_greedy[i] else sample_row(logits[i], params[i], generators[i], seen[i])
+            for i in range(len(params))]

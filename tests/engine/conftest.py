@@ -1,0 +1,42 @@
+"""Engine fixtures: the demo model (real, trained) and a random tiny Qwen2 (a second architecture)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+
+@pytest.fixture(scope="session")
+def demo(demo_model_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(demo_model_dir, local_files_only=True).eval()
+    tokenizer = AutoTokenizer.from_pretrained(demo_model_dir, local_files_only=True)
+    return model, tokenizer
+
+
+@pytest.fixture(scope="session")
+def qwen(demo):
+    """A randomly initialised Qwen2 sharing the demo tokenizer: proves the loop is not demo-specific."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    _, tokenizer = demo
+    torch.manual_seed(0)
+    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    model = Qwen2ForCausalLM(config).eval()
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model, tokenizer
+
+
+@pytest.fixture(scope="session")
+def render(demo):
+    _, tokenizer = demo
+
+    def _render(message: str) -> str:
+        return tokenizer.apply_chat_template([{"role": "user", "content": message}], tokenize=False,
+                                             add_generation_prompt=True)
+
+    return _render

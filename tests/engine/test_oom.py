@@ -1,0 +1,67 @@
+"""Out-of-memory is injected (it cannot be produced safely on a shared CI machine)."""
+
+import torch
+
+from aieng.engine import SamplingParams
+from aieng.engine.engine import Engine, GenerationRequest
+
+
+def limit_batch(engine, max_rows, *, poison_length=None):
+    """Make the forward pass raise OOM above ``max_rows`` rows (or for a poisoned prompt length)."""
+    real = engine._forward
+
+    def forward(**kwargs):
+        ids = kwargs["input_ids"]
+        if ids.shape[0] > max_rows:
+            raise torch.OutOfMemoryError("injected: CUDA out of memory. Tried to allocate 2.00 GiB")
+        if poison_length is not None and ids.shape[1] == poison_length:
+            raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory")
+        return real(**kwargs)
+
+    engine._forward = forward
+
+
+def test_oom_splits_the_batch_and_results_are_unchanged(demo, render):
+    model, tokenizer = demo
+    prompts = [render(p) for p in ["reverse: a b c", "add: 12+30", "json: k=v", "sort: b a", "reverse: x y"]]
+    params = SamplingParams(max_tokens=16, temperature=0)
+    expected = [r.text for r in Engine(model, tokenizer).generate(prompts, params)]
+
+    engine = Engine(model, tokenizer)
+    limit_batch(engine, 2)
+    got = [r.text for r in engine.generate(prompts, params)]
+    assert got == expected
+    assert engine.stats["oom_splits"] > 0
+
+
+def test_a_row_that_cannot_run_alone_fails_alone_and_the_engine_keeps_serving(demo, render):
+    model, tokenizer = demo
+    engine = Engine(model, tokenizer)
+    good = [GenerationRequest(f"ok{i}", engine.encode(render(p)), SamplingParams(max_tokens=12, temperature=0))
+            for i, p in enumerate(["reverse: a b c", "add: 2+2"])]
+    poison = GenerationRequest("huge", [7] * 97, SamplingParams(max_tokens=12, temperature=0))
+    limit_batch(engine, 64, poison_length=97)
+
+    events = engine.prefill(good + [poison])
+    failed = [e for e in events if e.request_id == "huge"]
+    assert len(failed) == 1 and failed[0].finish_reason == "error" and failed[0].error.code == "out_of_memory"
+    while engine.num_running:
+        events += engine.decode()
+    done = {e.request_id: e for e in events if e.finished}
+    assert done["ok0"].finish_reason == "stop" and done["ok1"].finish_reason == "stop"
+    assert engine.generate([render("add: 1+1")], SamplingParams(max_tokens=4, temperature=0))[0].text == "2"
+
+
+def test_decode_oom_splits_the_running_batch(demo, render):
+    model, tokenizer = demo
+    engine = Engine(model, tokenizer)
+    prompts = [render(p) for p in ["reverse: a b c d", "json: a=1 b=2", "sort: c b a"]]
+    params = SamplingParams(max_tokens=16, temperature=0)
+    expected = [r.token_ids for r in Engine(model, tokenizer).generate(prompts, params)]
+    requests = [GenerationRequest(str(i), engine.encode(p), params) for i, p in enumerate(prompts)]
+    events = engine.prefill(requests)  # all three join while memory is plentiful
+    limit_batch(engine, 1)  # then memory shrinks: every decode must split down to single rows
+    while engine.num_running:
+        events += engine.decode()
+    finished = {e.request_id: e.token_ids for e in events if e.finished}
+    assert [finished[str(i)] for i in range(3)] == expected

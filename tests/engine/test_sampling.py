@@ -1,0 +1,65 @@
+import pytest
+import torch
+
+from aieng.engine import SamplingParams
+from aieng.engine.engine import Engine, GenerationRequest
+from aieng.engine.sampling import apply_repetition_penalty, filter_top_k_top_p, new_generator, sample_row
+
+
+def test_repetition_penalty_follows_hf_semantics():
+    logits = torch.tensor([2.0, -2.0, 1.0, 0.5])
+    out = apply_repetition_penalty(logits, torch.tensor([0, 1]), 2.0)
+    assert out.tolist() == [1.0, -4.0, 1.0, 0.5]
+
+
+def test_top_k_and_top_p_filters():
+    logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
+    assert torch.isinf(filter_top_k_top_p(logits, 2, 1.0)).tolist() == [False, False, True, True]
+    assert torch.isinf(filter_top_k_top_p(logits, 0, 0.7)).tolist() == [False, False, True, True]
+    assert torch.isinf(filter_top_k_top_p(logits, 0, 0.1)).tolist() == [False, True, True, True]  # keeps the top one
+    assert not torch.isinf(filter_top_k_top_p(logits, 0, 1.0)).any()
+
+
+def test_sampling_is_reproducible_per_seed_and_varies_across_seeds():
+    logits = torch.zeros(50)
+    draw = lambda seed: [sample_row(logits, SamplingParams(temperature=1.0), g, None)  # noqa: E731
+                         for g in [new_generator(seed, torch.device("cpu"))] for _ in range(20)]
+    assert draw(7) == draw(7)
+    assert draw(7) != draw(8)
+
+
+def test_top_k_1_and_tiny_top_p_equal_greedy(demo, render):
+    model, tokenizer = demo
+    engine = Engine(model, tokenizer)
+    prompt = render("json: name=bo age=7")
+    greedy = engine.generate([prompt], SamplingParams(max_tokens=16, temperature=0))[0].text
+    assert engine.generate([prompt], SamplingParams(max_tokens=16, temperature=1.5, top_k=1, seed=3))[0].text == greedy
+    assert engine.generate([prompt], SamplingParams(max_tokens=16, temperature=1.5, top_p=1e-6, seed=3))[0].text == greedy
+
+
+def test_a_seeded_row_is_reproducible_whatever_its_batch_mates(demo, render):
+    model, tokenizer = demo
+    engine = Engine(model, tokenizer)
+    seeded = SamplingParams(max_tokens=20, temperature=1.3, seed=1234)
+    alone = engine.generate([render("sort: pear fig apple")], seeded)[0].token_ids
+    mates = [render("add: 11+22"), render("reverse: a b c d e f"), render("sort: pear fig apple")]
+    params = [SamplingParams(max_tokens=20, temperature=0.9, seed=5), SamplingParams(max_tokens=7, temperature=0), seeded]
+    in_batch = engine.generate(mates, params)[2].token_ids
+    assert in_batch == alone
+
+
+def test_high_temperature_without_seed_gives_varied_output(demo, render):
+    model, tokenizer = demo
+    engine = Engine(model, tokenizer)
+    outs = {engine.generate([render("reverse: apple stone river")], SamplingParams(max_tokens=12, temperature=5.0))[0].text
+            for _ in range(5)}
+    assert len(outs) > 1
+
+
+def test_repetition_penalty_changes_the_output(demo, render):
+    model, tokenizer = demo
+    engine = Engine(model, tokenizer)
+    prompt = render("reverse: stone stone stone stone")
+    plain = engine.generate([prompt], SamplingParams(max_tokens=16, temperature=0))[0].text
+    penalised = engine.generate([prompt], SamplingParams(max_tokens=16, temperature=0, repetition_penalty=5.0))[0].text
+    assert plain != penalised
