@@ -76,3 +76,11 @@ class NotReadyError(AiengError):
     code = "not_ready"
     status = 503
     type = "server_error"
+
+
+class ConfigError(AiengError):
+    """A setting (environment variable or flag) with an invalid value."""
+
+    code = "invalid_setting"
+    status = 400
+    type = "invalid_request_error"

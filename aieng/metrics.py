@@ -1,7 +1,12 @@
 """Prometheus metrics. Names are a public contract: dashboards and alert rules depend on them.
 
-Buckets are chosen for LLM work: loads take seconds to minutes; request latencies run from
-milliseconds to tens of seconds.
+Buckets are chosen for LLM work and documented with each family:
+- ``LATENCY_BUCKETS`` (request duration, TTFT, queue wait, prefill): 5 ms … 60 s, dense
+  between 50 ms and 2.5 s where interactive SLOs live;
+- ``STEP_BUCKETS`` (decode step, inter-token latency): 1 ms … 2.5 s, a decode step of a small
+  model on CPU is milliseconds, a large one on a loaded host is hundreds;
+- ``LOAD_BUCKETS`` (model load): 0.1 s … 10 min;
+- ``BATCH_BUCKETS`` (rows per step): powers of two up to 256.
 """
 
 from __future__ import annotations
@@ -9,8 +14,11 @@ from __future__ import annotations
 from prometheus_client import Counter, Gauge, Histogram
 
 LOAD_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600)
-LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60)
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.35, 0.5, 0.75, 1, 1.5, 2.5, 5, 10, 20, 30, 60)
+STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1, 2.5)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
+# -- model (loading) ------------------------------------------------------------------------------
 MODEL_LOAD_SECONDS = Histogram(
     "aieng_model_load_seconds", "Time to verify and load a model version, seconds.", ["model"], buckets=LOAD_BUCKETS
 )
@@ -18,9 +26,25 @@ MODEL_LOAD_ERRORS = Counter(
     "aieng_model_load_errors_total", "Model loads that failed, by error code.", ["model", "code"]
 )
 MODEL_INFO = Gauge(
-    "aieng_model_info", "The model version this process serves (value 1).", ["name", "version", "sha256"]
+    "aieng_model_info", "The model version this process serves (value 1).", ["name", "version", "sha256"],
+    multiprocess_mode="max",
 )
+
+# -- HTTP ---------------------------------------------------------------------------------------
 REQUESTS = Counter("aieng_requests_total", "HTTP requests by route and status code.", ["route", "code"])
 REQUEST_DURATION = Histogram(
     "aieng_request_duration_seconds", "End-to-end request latency, seconds.", ["route"], buckets=LATENCY_BUCKETS
 )
+
+# -- scheduler and engine -------------------------------------------------------------------------
+QUEUE_WAIT = Histogram("aieng_queue_wait_seconds", "Time from submission to joining the batch, seconds.",
+                       ["priority"], buckets=LATENCY_BUCKETS)
+PREFILL_SECONDS = Histogram("aieng_prefill_seconds", "Duration of one prefill (a group of joiners), seconds.",
+                            buckets=LATENCY_BUCKETS)
+DECODE_STEP_SECONDS = Histogram("aieng_decode_step_seconds", "Duration of one decode step for the whole batch, seconds.",
+                                buckets=STEP_BUCKETS)
+BATCH_SIZE = Histogram("aieng_batch_size", "Rows in the batch at each decode step.", buckets=BATCH_BUCKETS)
+REQUESTS_RUNNING = Gauge("aieng_requests_running", "Requests in the running batch.", multiprocess_mode="livesum")
+REQUESTS_WAITING = Gauge("aieng_requests_waiting", "Requests waiting to join the batch.", multiprocess_mode="livesum")
+TOKENS_PER_SECOND = Gauge("aieng_tokens_per_second", "Decode throughput over the last few seconds, tokens/s.",
+                          multiprocess_mode="livesum")

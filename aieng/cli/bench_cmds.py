@@ -27,6 +27,27 @@ def add_parser(sub) -> None:
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(handler=_engine)
 
+    p = kinds.add_parser("serve", parents=[STORE],
+                         help="req/s, tok/s, p50/p99 latency and TTFT over HTTP at C = 1, 8, 32, 64 concurrent clients",
+                         description="Starts the packaged server (batching on, then off with max_batch_size=1) and, "
+                                     "with --peer transformers, `transformers serve <folder> --continuous-batching`, "
+                                     "one at a time on loopback; drives each with C concurrent streaming clients "
+                                     "(same prompts, same max_tokens with EOS ignored, temperature 0, bounded request "
+                                     "count, an untimed warm-up round). Also measures PSS of 2 preloaded workers "
+                                     "against 1. Targets: batching on >= 6x off at C=32; >= 1.5x transformers at "
+                                     "C=32 and 64 with p99 no worse; TTFT p99 at C=32 <= 1 s; PSS ratio <= 1.3.")
+    p.add_argument("--model", default=None, metavar="N[@V]", help="store reference (default: $AIENG_MODEL)")
+    p.add_argument("--peer", choices=["transformers"], default=None)
+    p.add_argument("--concurrency", default="1,8,32,64", help="comma-separated client counts")
+    p.add_argument("--max-tokens", type=int, default=32)
+    p.add_argument("--requests", type=int, default=64, help="requests per level (at least 2 x C)")
+    p.add_argument("--no-batching-off", action="store_true", help="skip the max_batch_size=1 run")
+    p.add_argument("--no-pss", action="store_true", help="skip the PSS measurement")
+    p.add_argument("--save-baseline", action="store_true",
+                   help="write the C=32 numbers into the model version's manifest as performance_baseline")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=_serve)
+
 
 def load_for_bench(args):
     """A folder path loads unregistered (no hashes); anything else is a store reference (verified)."""
@@ -62,4 +83,43 @@ def _engine(args: argparse.Namespace) -> int:
     print(f"  ratio_vs_generate    {data['ratio_vs_generate']:.2f}  (target >= 1.4)")
     print(f"  ratio_vs_pipeline    {data['ratio_vs_pipeline']:.2f}  (target >= 1.5)")
     print(f"  b32 / b1             {data['b32_over_b1']:.2f}  (target >= 8)")
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import sys
+    from datetime import datetime, timezone
+
+    from transformers import AutoTokenizer
+    from tqdm import tqdm
+
+    from aieng.bench.serve_bench import ServeBenchConfig, format_table, run_serve_bench
+    from aieng.store import ModelRef, ModelStore, parse_ref
+
+    settings = settings_from(args)
+    store = ModelStore(settings.store)
+    ref = parse_ref(args.model or settings.model)
+    version = store.resolve(ref)
+    folder = store.version_dir(ref.name, version)
+    store.verify_or_raise(ModelRef(ref.name, version))
+    tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    levels = tuple(int(c) for c in args.concurrency.split(","))
+    config = ServeBenchConfig(concurrencies=levels, max_tokens=args.max_tokens, requests_per_level=args.requests,
+                              peer=args.peer, include_batching_off=not args.no_batching_off, measure_pss=not args.no_pss)
+    configs = 1 + (not args.no_batching_off) + (args.peer is not None)
+    total = configs * sum(max(args.requests, 2 * c) for c in levels)
+    with tqdm(total=total, desc="bench serve", unit="req", disable=args.json, file=sys.stderr) as bar:
+        bench = run_serve_bench(settings.store, f"{ref.name}@{version}", folder, tokenizer, config, progress=bar,
+                                log=lambda m: bar.write(m) if not args.json else None)
+    if args.save_baseline and 32 in bench.results.get("aieng", {}):
+        m = bench.results["aieng"][32]
+        store.update_manifest(ModelRef(ref.name, version), performance_baseline={
+            "concurrency": 32, "max_tokens": args.max_tokens, "req_per_s": m["req_per_s"],
+            "tokens_per_s": m["output_tok_per_s"], "latency_p50_s": m["latency_p50_s"],
+            "latency_p99_s": m["latency_p99_s"], "ttft_p99_s": m["ttft_p99_s"],
+            "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds")})
+    if args.json:
+        print_json({"results": bench.results, "pss": bench.pss, "targets": bench.targets})
+    else:
+        print(format_table(bench))
     return 0

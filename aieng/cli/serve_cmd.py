@@ -1,41 +1,72 @@
-"""``aieng serve``: the packaged server."""
+"""``aieng serve``: the packaged server (gunicorn master + uvicorn workers)."""
 
 from __future__ import annotations
 
 import argparse
 
-from aieng.cli.common import store_option_parent, settings_from
-
+from aieng.cli.common import settings_from, store_option_parent
 
 STORE = store_option_parent()
 
+DESCRIPTION = """\
+Verify, load and serve a model over an OpenAI-compatible HTTP API: a gunicorn master that loads
+the weights once (preload) and forks uvicorn workers that share them; each worker runs the
+continuous-batching engine in its own thread and warms up before /health/ready turns 200.
+
+Settings (environment variable, overridden by the flag):
+  AIENG_STORE                model store root (./var/store)
+  AIENG_MODEL                N or N@V to serve (demo = demo's current version)
+  AIENG_HOST, AIENG_PORT     bind address (127.0.0.1:8000)
+  AIENG_WORKERS              auto or a count (auto)
+  AIENG_DEVICE               auto | cpu | cuda | cuda:N (auto: CUDA if present)
+  AIENG_DTYPE                auto | float32 | bfloat16 | float16 (auto: fp32 on CPU, bf16 on CUDA)
+  AIENG_MAX_BATCH_SIZE       rows decoded together; 1 turns batching off (32)
+  AIENG_MAX_BATCH_TOKENS     padded prompt tokens prefilled in one step (4096)
+  AIENG_MAX_QUEUE            waiting requests before 429 + Retry-After (256)
+  AIENG_MAX_QUEUE_DELAY_MS   an idle engine waits this long to prefill a burst together (10)
+  AIENG_REQUEST_TIMEOUT_S    deadline of requests without a `timeout` field (300)
+  AIENG_GRACEFUL_TIMEOUT_S   after SIGTERM, in-flight requests get this long (30)
+  AIENG_DRAIN_DELAY_S        after SIGTERM, /health/ready is 503 this long before the listener closes (1)
+  AIENG_MEMORY_HEADROOM      share of available RAM the weights may use (0.8)
+  AIENG_GPU_MEMORY_FRACTION  share of GPU memory the weights may use (0.9)
+  AIENG_MAX_BODY_BYTES       request body limit, 413 beyond (1000000)
+  AIENG_COMPILE, AIENG_INT8  torch.compile / int8 dynamic quantization (off; see notebook 03)
+
+--workers auto:
+  CUDA: one worker per GPU (a CUDA context per process; batching inside one process uses the
+  GPU better). CPU: workers = min(cores // 2, memory fit) where memory fit =
+  (available RAM - weights) // (per-worker overhead + KV cache at max batch); weights count once
+  because preload shares them. Torch threads per worker = cores // workers, so that
+  workers x threads <= cores.
+
+A version that fails hash verification is never served: the command exits 1 naming the files."""
+
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("serve", parents=[STORE], help="serve the store's current model over an OpenAI-compatible HTTP API",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Verify, load and warm up the model, then serve it.\n\n"
-                    "Settings (environment variable, overridden by the flag):\n"
-                    "  AIENG_STORE   model store root (default ./var/store)\n"
-                    "  AIENG_MODEL   N or N@V to serve (default demo, i.e. demo's current version)\n"
-                    "  AIENG_HOST    bind address (default 127.0.0.1)\n"
-                    "  AIENG_PORT    port (default 8000)\n"
-                    "  AIENG_DEVICE  auto | cpu | cuda | cuda:N (default auto: CUDA if present)\n"
-                    "  AIENG_DTYPE   auto | float32 | bfloat16 | float16 (auto: fp32 on CPU, bf16 on CUDA)\n"
-                    "  AIENG_MEMORY_HEADROOM       share of available RAM the weights may use (0.8)\n"
-                    "  AIENG_GPU_MEMORY_FRACTION   share of GPU memory the weights may use (0.9)\n"
-                    "  AIENG_MAX_BODY_BYTES        request body limit, 413 beyond (1000000)\n\n"
-                    "A version that fails hash verification is never served: the command exits 1 naming the files.",
-    )
+    p = sub.add_parser("serve", parents=[STORE], help="serve a model over an OpenAI-compatible HTTP API",
+                       formatter_class=argparse.RawDescriptionHelpFormatter, description=DESCRIPTION)
     p.add_argument("--host", default=None)
     p.add_argument("--port", type=int, default=None)
     p.add_argument("--model", default=None, metavar="N[@V]")
+    p.add_argument("--workers", default=None, metavar="auto|N")
     p.add_argument("--device", default=None)
     p.add_argument("--dtype", default=None)
+    p.add_argument("--max-batch-size", type=int, default=None)
+    p.add_argument("--max-batch-tokens", type=int, default=None)
+    p.add_argument("--max-queue", type=int, default=None)
+    p.add_argument("--max-queue-delay-ms", type=float, default=None)
+    p.add_argument("--request-timeout", type=float, default=None, dest="request_timeout_s", metavar="SECONDS")
+    p.add_argument("--graceful-timeout", type=int, default=None, dest="graceful_timeout_s", metavar="SECONDS")
+    p.add_argument("--drain-delay", type=float, default=None, dest="drain_delay_s", metavar="SECONDS")
+    p.add_argument("--compile", action="store_const", const=True, default=None)
+    p.add_argument("--int8", action="store_const", const=True, default=None)
     p.set_defaults(handler=_serve)
 
 
 def _serve(args: argparse.Namespace) -> int:
     from aieng.server.run import serve
 
-    serve(settings_from(args, host=args.host, port=args.port, model=args.model, device=args.device, dtype=args.dtype))
+    keys = ("host", "port", "model", "workers", "device", "dtype", "max_batch_size", "max_batch_tokens", "max_queue",
+            "max_queue_delay_ms", "request_timeout_s", "graceful_timeout_s", "drain_delay_s", "compile", "int8")
+    serve(settings_from(args, **{k: getattr(args, k) for k in keys}))
     return 0

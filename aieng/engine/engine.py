@@ -97,6 +97,7 @@ class Engine:
         self.batch: KVBatch | None = None
         self.rows: list[_Row] = []
         self.stats = {"prefill_calls": 0, "decode_steps": 0, "oom_splits": 0}
+        self.last_timings: tuple[float | None, float | None, int] = (None, None, 0)
 
     # -- requests ------------------------------------------------------------------------------
     def encode(self, prompt: str) -> list[int]:
@@ -146,8 +147,17 @@ class Engine:
         return events
 
     def step(self, joiners: Sequence[GenerationRequest] = ()) -> list[TokenEvent]:
-        """Prefill ``joiners`` then decode everybody: one iteration of continuous batching."""
-        return self.prefill(joiners) + self.decode()
+        """Prefill ``joiners`` then decode everybody: one iteration of continuous batching.
+
+        ``last_timings`` keeps (prefill seconds, decode seconds, rows decoded) for the metrics.
+        """
+        start = time.perf_counter()
+        events = self.prefill(joiners)
+        middle = time.perf_counter()
+        rows = self.num_running
+        events += self.decode()
+        self.last_timings = (middle - start if joiners else None, time.perf_counter() - middle if rows else None, rows)
+        return events
 
     def remove(self, request_ids: Sequence[str]) -> list[str]:
         """Drop rows (cancelled, timed out); returns the ids that were running."""

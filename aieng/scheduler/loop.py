@@ -47,7 +47,7 @@ class EngineLoop:
         self.engine = engine
         self.config = config
         self.clock = clock
-        self.observer = observer  # optional: on_step(...) / on_admit(...) callbacks (metrics)
+        self.observer = observer  # optional: on_admit / on_step / on_idle callbacks (aieng.scheduler.observer)
         self.queue = WaitingQueue(config)
         self._running: dict[str, QueuedRequest] = {}
         self._cancelled: set[str] = set()
@@ -162,9 +162,7 @@ class EngineLoop:
             self._running[q.request_id] = q
             if self.observer is not None:
                 self.observer.on_admit(q, now)
-        started = time.perf_counter()
         events = self.engine.step([q.request for q in joiners]) if (joiners or self._running) else []
-        elapsed = time.perf_counter() - started
         for event in events:
             q = self._running.get(event.request_id)
             if q is None:
@@ -173,8 +171,11 @@ class EngineLoop:
                 del self._running[event.request_id]
             self._send(q, event)
         self.history.append((self.clock(), self.engine.num_running, len(self.queue)))
-        if self.observer is not None and events:
-            self.observer.on_step(len(joiners), sum(q.prompt_tokens for q in joiners), self.engine.num_running, elapsed)
+        if self.observer is not None:
+            if events:
+                self.observer.on_step(self.engine, len(self._running), len(self.queue))
+            if not self._running:
+                self.observer.on_idle(len(self.queue))
         return events
 
     def _send(self, q: QueuedRequest, event: TokenEvent) -> None:

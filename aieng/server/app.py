@@ -1,40 +1,39 @@
-"""The FastAPI application: routes only. Model work happens off the event loop."""
+"""The FastAPI application: routes only. Tokenization runs in threads, generation in the engine thread."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from dataclasses import dataclass, field
+import uuid
 
 from fastapi import FastAPI, Request, Response
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from aieng.engine import SamplingParams
 from aieng.errors import InvalidRequestError, ModelNotFoundError, NotReadyError
 from aieng.server.errors import install_error_handlers
 from aieng.server.middleware import BodySizeLimitMiddleware, RequestContextMiddleware
-from aieng.server.schemas import (CompletionChoice, CompletionRequest, CompletionResponse, ModelCard, ModelList,
+from aieng.server.runtime import Runtime
+from aieng.server.schemas import (AssistantMessage, ChatChoice, ChatCompletionRequest, ChatCompletionResponse,
+                                  CompletionChoice, CompletionRequest, CompletionResponse, ModelCard, ModelList,
                                   Usage)
+from aieng.server.sse import stream_chunks
+
+CLIENT_CLOSED_REQUEST = 499  # nginx's code for "the client went away"; nobody reads the body
 
 
-@dataclass
-class ServerState:
-    """What the routes need: the generator, what is served, and whether we are ready."""
+def create_app(runtime: Runtime, *, max_body_bytes: int = 1_000_000, start_runtime: bool = True) -> FastAPI:
+    @contextlib.asynccontextmanager
+    async def lifespan(_app):
+        if start_runtime:
+            await asyncio.to_thread(runtime.start)
+        yield
+        runtime.stop()
 
-    generator: object  # has .generate(prompt, SamplingParams) and .count_tokens(prompt)
-    model_name: str
-    model_version: str | None
-    created: int = field(default_factory=lambda: int(time.time()))
-    ready: bool = False
-
-    def accepts(self, requested: str) -> bool:
-        return requested in (self.model_name, f"{self.model_name}@{self.model_version}")
-
-
-def create_app(state: ServerState, *, max_body_bytes: int = 1_000_000) -> FastAPI:
-    app = FastAPI(title="aieng", version="0.1.0", docs_url=None, redoc_url=None)
-    app.state.aieng = state
+    app = FastAPI(title="aieng", version="0.1.0", docs_url=None, redoc_url=None, lifespan=lifespan)
+    app.state.runtime = runtime
     install_error_handlers(app)
 
     @app.get("/health/live")
@@ -43,47 +42,95 @@ def create_app(state: ServerState, *, max_body_bytes: int = 1_000_000) -> FastAP
 
     @app.get("/health/ready")
     async def ready():
-        if not state.ready:
-            return JSONResponse(NotReadyError("model is loading or warming up").envelope(), status_code=503)
-        return {"status": "ready", "model": state.model_name, "version": state.model_version}
+        try:
+            runtime.require_ready()
+        except NotReadyError as exc:
+            return JSONResponse(exc.envelope(), status_code=503)
+        return {"status": "ready", "model": runtime.model_name, "version": runtime.model_version}
 
     @app.get("/v1/models")
     async def models() -> ModelList:
-        return ModelList(data=[ModelCard(id=state.model_name, created=state.created, version=state.model_version)])
+        return ModelList(data=[ModelCard(id=runtime.model_name, created=int(runtime.started_at),
+                                         version=runtime.model_version)])
 
     @app.get("/metrics")
     async def metrics():
         return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
     @app.post("/v1/completions")
-    async def completions(body: CompletionRequest, request: Request) -> CompletionResponse:
-        if not state.ready:
-            raise NotReadyError("model is loading or warming up; retry when /health/ready returns 200")
-        if not state.accepts(body.model):
-            raise ModelNotFoundError(f"model {body.model!r} is not served here; this server serves {state.model_name!r}",
-                                     param="model")
+    async def completions(body: CompletionRequest, request: Request):
+        _check_common(runtime, body)
+        if body.echo:
+            raise InvalidRequestError("echo is not supported", param="echo")
+        if body.logprobs is not None:
+            raise InvalidRequestError("logprobs are not supported", param="logprobs")
         prompt = _single_prompt(body.prompt)
-        if body.stream:
-            raise InvalidRequestError("stream=true is not supported by this server yet", param="stream")
-        if body.n != 1:
-            raise InvalidRequestError(f"n must be 1, got {body.n}", param="n")
-        stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
-        params = SamplingParams(max_tokens=body.max_tokens, temperature=body.temperature, top_p=body.top_p,
-                                top_k=body.top_k, repetition_penalty=body.repetition_penalty, seed=body.seed,
-                                stop=stop).validate()
-        result = await asyncio.to_thread(state.generator.generate, prompt, params)
-        return CompletionResponse(
-            id=f"cmpl-{request.scope['state']['request_id']}",
-            created=int(time.time()),
-            model=state.model_name,
-            choices=[CompletionChoice(index=0, text=result.text, finish_reason=result.finish_reason)],
-            usage=Usage(prompt_tokens=result.prompt_tokens, completion_tokens=result.completion_tokens,
-                        total_tokens=result.prompt_tokens + result.completion_tokens),
-        )
+        params = _sampling(body, body.max_tokens)
+        generation = await runtime.bridge.prepare(None, prompt, params)
+        return await _respond(runtime, request, body, generation, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, request: Request):
+        _check_common(runtime, body)
+        if body.logprobs:
+            raise InvalidRequestError("logprobs are not supported", param="logprobs")
+        ids = await asyncio.to_thread(_render_chat, runtime, body)
+        max_tokens = body.max_completion_tokens or body.max_tokens or max(1, runtime.context_length - len(ids))
+        generation = await runtime.bridge.prepare(ids, None, _sampling(body, max_tokens))
+        return await _respond(runtime, request, body, generation, chat=True)
 
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=max_body_bytes)
     app.add_middleware(RequestContextMiddleware)
     return app
+
+
+def _check_common(runtime: Runtime, body) -> None:
+    runtime.require_ready()
+    if body.model not in (runtime.model_name, f"{runtime.model_name}@{runtime.model_version}"):
+        raise ModelNotFoundError(f"model {body.model!r} is not served here; this server serves {runtime.model_name!r}",
+                                 param="model")
+    if body.n != 1:
+        raise InvalidRequestError(f"n must be 1, got {body.n}", param="n")
+
+
+def _sampling(body, max_tokens: int) -> SamplingParams:
+    stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
+    return SamplingParams(max_tokens=max_tokens, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
+                          repetition_penalty=body.repetition_penalty, seed=body.seed, stop=stop,
+                          ignore_eos=body.ignore_eos).validate()
+
+
+def _render_chat(runtime: Runtime, body: ChatCompletionRequest) -> list[int]:
+    tokenizer = runtime.engine.tokenizer
+    if not getattr(tokenizer, "chat_template", None):
+        raise InvalidRequestError("this model has no chat template; use /v1/completions", param="messages")
+    messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+    return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False))
+
+
+async def _respond(runtime: Runtime, request: Request, body, generation, *, chat: bool):
+    submission = runtime.bridge.submit(generation, priority=body.priority, timeout=body.timeout)
+    response_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+    created = int(time.time())
+    if body.stream:
+        include_usage = bool((body.stream_options or {}).get("include_usage"))
+        chunks = stream_chunks(runtime.bridge.events(submission), chat=chat, response_id=response_id,
+                               created=created, model=runtime.model_name, include_usage=include_usage)
+        return StreamingResponse(chunks, media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    text, final = await runtime.bridge.collect(submission, request.receive)
+    if final is None:
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
+    if final.error is not None:
+        raise final.error
+    usage = Usage(prompt_tokens=final.prompt_tokens, completion_tokens=final.completion_tokens,
+                  total_tokens=final.prompt_tokens + final.completion_tokens)
+    if chat:
+        return ChatCompletionResponse(id=response_id, created=created, model=runtime.model_name, usage=usage,
+                                      choices=[ChatChoice(message=AssistantMessage(content=text),
+                                                          finish_reason=final.finish_reason)])
+    return CompletionResponse(id=response_id, created=created, model=runtime.model_name, usage=usage,
+                              choices=[CompletionChoice(text=text, finish_reason=final.finish_reason)])
 
 
 def _single_prompt(prompt: str | list[str]) -> str:

@@ -40,7 +40,8 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _aieng(_: Request, exc: AiengError):
         if exc.status >= 500:
             log.error("request failed: %s", exc.message)
-        return error_response(exc)
+        retry_after = getattr(exc, "retry_after", None)
+        return error_response(exc, headers={"Retry-After": str(retry_after)} if retry_after else None)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError):

@@ -1,0 +1,27 @@
+"""gunicorn configuration for ``aieng serve`` (the package's gunicorn.conf.py).
+
+``aieng serve`` loads this module, then sets ``bind`` and ``workers`` from its settings. Each
+value says why it is what it is.
+"""
+
+worker_class = "aieng.server.worker.AiengUvicornWorker"
+# Weights are verified and loaded once in the master, then shared copy-on-write by the workers
+# (see aieng.server.runtime: one torch thread and gc.freeze() before fork; nothing on CUDA).
+preload_app = True
+# A worker that stops heart-beating this long is killed and replaced. The engine runs in its own
+# thread, so the event loop keeps heart-beating even during long generations.
+timeout = 120
+# SIGTERM: in-flight requests have this long to finish before the worker is killed.
+graceful_timeout = 30
+# Idle keep-alive connections are closed after this many seconds.
+keepalive = 5
+# Recycle workers now and then (bounded memory growth); jitter keeps them from restarting together.
+max_requests = 10000
+max_requests_jitter = 1000
+# Logs go to stderr like the rest of aieng.
+accesslog = None
+errorlog = "-"
+loglevel = "info"
+# gunicorn's control socket lives at one path per user: several servers on a host (tests,
+# benchmarks, blue/green) would fight over it, and aieng does not use it.
+control_socket_disable = True

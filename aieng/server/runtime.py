@@ -1,0 +1,124 @@
+"""The serving runtime of one process: model, engine, engine thread, readiness.
+
+Split in two phases because of the process model:
+
+- ``prepare()`` runs in the gunicorn master before fork (``preload``): verify and load the
+  weights with one torch thread (no OpenMP pool exists to be broken by fork), then
+  ``gc.freeze()`` so the collector never writes to — and so un-shares — those pages. On CUDA
+  nothing is loaded here: a CUDA context must never be created before fork.
+- ``start()`` runs in each worker (the app's lifespan): torch threads for this worker, the
+  engine, its thread, and warm-up in the background; ``/health/ready`` turns 200 when warm.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+import torch
+
+from aieng.engine import Engine, EngineConfig
+from aieng.errors import NotReadyError
+from aieng.loading.loader import LoadConfig, LoadedModel, load_version
+from aieng.scheduler import EngineLoop, SchedulerConfig
+from aieng.scheduler.observer import MetricsObserver
+from aieng.server.bridge import Bridge
+from aieng.settings import Settings
+from aieng.store import ModelStore, parse_ref
+
+log = logging.getLogger("aieng.server")
+
+
+@dataclass
+class RuntimeConfig:
+    settings: Settings
+    engine: EngineConfig = EngineConfig()
+    scheduler: SchedulerConfig = SchedulerConfig()
+    torch_threads: int | None = None  # per worker; None = leave torch's default
+    drain_delay_s: float = 1.0  # after SIGTERM: report 503 this long before closing the listener
+
+
+class Runtime:
+    def __init__(self, config: RuntimeConfig):
+        self.config = config
+        self.settings = config.settings
+        self.ref = parse_ref(self.settings.model)
+        self.loaded: LoadedModel | None = None
+        self.engine: Engine | None = None
+        self.engine_loop: EngineLoop | None = None
+        self.bridge: Bridge | None = None
+        self.ready = False
+        self.draining = False
+        self.started_at = time.time()
+        self.warmup_seconds: float | None = None
+        self.model_name = self.ref.name
+        self.model_version: str | None = None
+
+    # -- master --------------------------------------------------------------------------------
+    def prepare(self) -> None:
+        """Verify (always) and, on CPU, load before fork. Raises AiengError when it must not serve."""
+        store = ModelStore(self.settings.store)
+        version = store.resolve(self.ref)
+        self.model_version = version
+        load_config = LoadConfig.from_settings(self.settings)
+        if _wants_cuda(load_config.device):
+            store.verify_or_raise(type(self.ref)(self.ref.name, version))  # load happens in the worker
+            return
+        previous = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            self.loaded = load_version(store, type(self.ref)(self.ref.name, version), load_config)
+        finally:
+            torch.set_num_threads(previous)
+        gc.collect()
+        gc.freeze()
+
+    # -- worker --------------------------------------------------------------------------------
+    def start(self, *, background_warmup: bool = True) -> None:
+        if self.config.torch_threads:
+            torch.set_num_threads(self.config.torch_threads)
+        if self.loaded is None:
+            store = ModelStore(self.settings.store)
+            self.loaded = load_version(store, self.ref, LoadConfig.from_settings(self.settings))
+        self.model_version = self.loaded.version
+        self.engine = Engine(self.loaded.model, self.loaded.tokenizer, context_length=self.loaded.context_length,
+                             config=self.config.engine)
+        self.engine_loop = EngineLoop(self.engine, self.config.scheduler, observer=MetricsObserver())
+        self.bridge = Bridge(self.engine_loop, self.engine)
+        if background_warmup:
+            threading.Thread(target=self._warm_then_serve, name="aieng-warmup", daemon=True).start()
+        else:
+            self._warm_then_serve()
+
+    def _warm_then_serve(self) -> None:
+        self.warmup_seconds = self.engine.warmup()
+        log.info("warm-up took %.2fs; ready", self.warmup_seconds)
+        self.engine_loop.start()
+        self.ready = True
+
+    def require_ready(self) -> None:
+        if self.draining:
+            raise NotReadyError("the server is draining; retry on another instance")
+        if not self.ready:
+            raise NotReadyError("the model is loading or warming up; retry when /health/ready returns 200")
+
+    def drain(self) -> None:
+        """Readiness turns 503 and no new request is admitted; in-flight ones finish."""
+        self.draining = True
+        if self.engine_loop is not None:
+            self.engine_loop.drain()
+
+    def stop(self) -> None:
+        if self.engine_loop is not None:
+            self.engine_loop.stop()
+
+    @property
+    def context_length(self) -> int:
+        return self.engine.context_length if self.engine else 0
+
+
+def _wants_cuda(device: str) -> bool:
+    return device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())

@@ -1,0 +1,48 @@
+"""The gunicorn worker: uvicorn, plus a graceful drain on SIGTERM.
+
+On SIGTERM the worker first turns readiness to 503 and stops admitting new requests, keeps
+serving what is in flight, and only after ``drain_delay_s`` lets uvicorn close the listener and
+wait for the remaining responses (up to gunicorn's ``graceful_timeout``). The delay gives load
+balancers polling ``/health/ready`` time to stop sending traffic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+from gunicorn.arbiter import Arbiter
+from uvicorn.server import Server
+from uvicorn_worker import UvicornWorker
+
+
+class DrainingServer(Server):
+    def __init__(self, config, runtime):
+        super().__init__(config)
+        self.runtime = runtime
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def serve(self, sockets=None):
+        self._loop = asyncio.get_running_loop()
+        await super().serve(sockets=sockets)
+
+    def handle_exit(self, sig, frame):
+        runtime = self.runtime
+        if runtime is None or runtime.draining or self._loop is None:
+            return super().handle_exit(sig, frame)  # a second signal: stop now
+        runtime.drain()
+        delay = runtime.config.drain_delay_s
+        self._loop.call_soon_threadsafe(self._loop.call_later, delay, Server.handle_exit, self, sig, frame)
+
+
+class AiengUvicornWorker(UvicornWorker):
+    CONFIG_KWARGS = {"loop": "asyncio", "http": "h11", "lifespan": "on"}
+
+    async def _serve(self) -> None:
+        self.config.app = self.wsgi
+        runtime = getattr(getattr(self.wsgi, "state", None), "runtime", None)
+        server = DrainingServer(self.config, runtime)
+        self._install_sigquit_handler()
+        await server.serve(sockets=self.sockets)
+        if not server.started:
+            sys.exit(Arbiter.WORKER_BOOT_ERROR)
