@@ -48,3 +48,61 @@ REQUESTS_RUNNING = Gauge("aieng_requests_running", "Requests in the running batc
 REQUESTS_WAITING = Gauge("aieng_requests_waiting", "Requests waiting to join the batch.", multiprocess_mode="livesum")
 TOKENS_PER_SECOND = Gauge("aieng_tokens_per_second", "Decode throughput over the last few seconds, tokens/s.",
                           multiprocess_mode="livesum")
+
+# -- requests (recorded on the event loop, closest to the client) --------------------------------
+TIME_TO_FIRST_TOKEN = Histogram("aieng_time_to_first_token_seconds",
+                                "Time from submission to the first generated token, seconds.", ["priority"],
+                                buckets=LATENCY_BUCKETS)
+INTER_TOKEN_LATENCY = Histogram("aieng_inter_token_latency_seconds", "Time between consecutive tokens of a request.",
+                                buckets=STEP_BUCKETS)
+PROMPT_TOKENS = Counter("aieng_prompt_tokens_total", "Prompt tokens of finished requests.")
+GENERATION_TOKENS = Counter("aieng_generation_tokens_total", "Tokens generated.")
+REQUEST_ERRORS = Counter("aieng_request_errors_total", "Requests that ended in an error, by error code.", ["code"])
+REQUESTS_FINISHED = Counter("aieng_requests_finished_total", "Generations that finished, by finish reason.",
+                            ["finish_reason"])
+EOS_EARLY = Counter("aieng_eos_early_total",
+                    "Generations that hit EOS within their first 10 tokens while max_tokens allowed more.")
+
+# -- capacity and resources -----------------------------------------------------------------------
+QUEUE_CAPACITY = Gauge("aieng_queue_capacity", "max_queue of a worker.", multiprocess_mode="livesum")
+TOKENS_PER_SECOND_BASELINE = Gauge("aieng_tokens_per_second_baseline",
+                                   "Decode tokens/s from the manifest's performance_baseline (0 if none).",
+                                   multiprocess_mode="max")
+PROCESS_RESIDENT = Gauge("aieng_process_resident_memory_bytes", "Resident memory of each aieng process.",
+                         multiprocess_mode="livesum")
+HOST_MEMORY_TOTAL = Gauge("aieng_host_memory_total_bytes", "Host memory.", multiprocess_mode="max")
+HOST_MEMORY_AVAILABLE = Gauge("aieng_host_memory_available_bytes", "Host memory available to new allocations.",
+                              multiprocess_mode="min")
+CUDA_ALLOCATED = Gauge("aieng_cuda_memory_allocated_bytes", "CUDA memory held by tensors.", multiprocess_mode="livesum")
+CUDA_RESERVED = Gauge("aieng_cuda_memory_reserved_bytes",
+                      "CUDA memory reserved by the caching allocator (reserved - allocated = fragmentation).",
+                      multiprocess_mode="livesum")
+
+EARLY_EOS_TOKENS = 10
+
+
+def update_resource_gauges() -> None:
+    """Memory gauges for this process (called on scrapes and, throttled, from the engine loop)."""
+    import psutil
+    import torch
+
+    PROCESS_RESIDENT.set(psutil.Process().memory_info().rss)
+    memory = psutil.virtual_memory()
+    HOST_MEMORY_TOTAL.set(memory.total)
+    HOST_MEMORY_AVAILABLE.set(memory.available)
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        CUDA_ALLOCATED.set(torch.cuda.memory_allocated())
+        CUDA_RESERVED.set(torch.cuda.memory_reserved())
+
+
+def record_finished(event, *, max_tokens: int) -> None:
+    """Counters for a generation's final event. Errors are counted where the client is told
+    (the error handler, or the SSE error chunk), so each is counted once."""
+    if event.error is not None:
+        return
+    REQUESTS_FINISHED.labels(finish_reason=event.finish_reason).inc()
+    PROMPT_TOKENS.inc(event.prompt_tokens)
+    GENERATION_TOKENS.inc(event.completion_tokens)
+    if (getattr(event, "finish_cause", None) == "eos" and event.completion_tokens <= EARLY_EOS_TOKENS
+            and max_tokens > EARLY_EOS_TOKENS):
+        EOS_EARLY.inc()

@@ -38,6 +38,8 @@ class Settings:
     drain_delay_s: float = 1.0  # AIENG_DRAIN_DELAY_S: readiness is 503 this long before the listener closes
     compile: bool = False  # AIENG_COMPILE: torch.compile the forward pass
     int8: bool = False  # AIENG_INT8: dynamic int8 Linear layers (CPU)
+    metrics: bool = True  # AIENG_METRICS: record Prometheus metrics (off only to measure their cost)
+    log_payload_sample: float = 0.0  # AIENG_LOG_PAYLOAD_SAMPLE: share of requests whose prompt and output are logged
 
     @classmethod
     def from_env(cls, **overrides) -> "Settings":
@@ -57,7 +59,7 @@ def _coerce(name: str, raw: str):
     kinds = {"store": Path, "port": int, "gpu_memory_fraction": float, "memory_headroom": float, "max_body_bytes": int,
              "max_batch_size": int, "max_batch_tokens": int, "max_queue": int, "max_queue_delay_ms": float,
              "request_timeout_s": float, "graceful_timeout_s": int, "drain_delay_s": float,
-             "compile": _flag, "int8": _flag}
+             "compile": _flag, "int8": _flag, "metrics": _flag, "log_payload_sample": _rate}
     kind = kinds.get(name, str)
     try:
         return kind(raw)
@@ -74,3 +76,10 @@ def _flag(raw: str) -> bool:
     if value in ("0", "false", "no", "off"):
         return False
     raise ValueError(raw)
+
+
+def _rate(raw: str) -> float:
+    value = float(raw)
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(raw)
+    return value

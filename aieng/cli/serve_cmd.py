@@ -31,6 +31,9 @@ Settings (environment variable, overridden by the flag):
   AIENG_GPU_MEMORY_FRACTION  share of GPU memory the weights may use (0.9)
   AIENG_MAX_BODY_BYTES       request body limit, 413 beyond (1000000)
   AIENG_COMPILE, AIENG_INT8  torch.compile / int8 dynamic quantization (off; see notebook 03)
+  AIENG_METRICS              record Prometheus metrics at /metrics (1; 0 only to measure their cost)
+  AIENG_LOG_PAYLOAD_SAMPLE   share of requests whose prompt and output are logged, in [0, 1] (0)
+  AIENG_LOG_LEVEL            debug | info | warning | error (info); logs are JSON lines on stderr
 
 --workers auto:
   CUDA: one worker per GPU (a CUDA context per process; batching inside one process uses the
@@ -64,9 +67,15 @@ def add_parser(sub) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from aieng.observability.prom import prepare_multiprocess_dir
+
+    prepare_multiprocess_dir()  # before anything imports prometheus_client
+    from aieng.observability.logs import configure_logging
     from aieng.server.run import serve
 
     keys = ("host", "port", "model", "workers", "device", "dtype", "max_batch_size", "max_batch_tokens", "max_queue",
             "max_queue_delay_ms", "request_timeout_s", "graceful_timeout_s", "drain_delay_s", "compile", "int8")
-    serve(settings_from(args, **{k: getattr(args, k) for k in keys}))
+    settings = settings_from(args, **{k: getattr(args, k) for k in keys})
+    configure_logging(settings.log_level)
+    serve(settings)
     return 0

@@ -56,6 +56,8 @@ class DemoBuildConfig:
     num_heads: int = 4
     num_kv_heads: int = 4
     context_length: int = 512
+    rope_theta: float = 10000.0
+    initializer_range: float = 0.02
     tie_word_embeddings: bool = True
     #: Family weights of the training mix (None: corpus.DEFAULT_MIX).
     mix: dict[str, float] | None = None
@@ -68,6 +70,8 @@ class DemoBuildConfig:
             num_heads=self.num_heads,
             num_kv_heads=self.num_kv_heads,
             context_length=self.context_length,
+            rope_theta=self.rope_theta,
+            initializer_range=self.initializer_range,
             tie_word_embeddings=self.tie_word_embeddings,
         )
 

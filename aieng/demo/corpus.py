@@ -84,7 +84,7 @@ def _sort(rng: random.Random) -> Example:
 
 
 def _add(rng: random.Random) -> Example:
-    a, b = rng.randint(0, 99), rng.randint(0, 99)
+    a, b = rng.randint(10, 99), rng.randint(10, 99)  # two-digit operands: fixed digit positions
     return Example("add", f"add: {a}+{b}", str(a + b))
 
 
@@ -106,7 +106,7 @@ _GENERATORS = {"reverse": _reverse, "json": _json, "add": _add, "sort": _sort}
 
 #: Share of each family in the training mix. Addition and sorting need more examples than
 #: copying tasks to be learnt at all, so they get more of the fixed step budget.
-DEFAULT_MIX: dict[str, float] = {"reverse": 0.15, "json": 0.35, "add": 0.3, "sort": 0.2}
+DEFAULT_MIX: dict[str, float] = {"reverse": 0.1, "json": 0.3, "add": 0.4, "sort": 0.2}
 
 
 def _draw(family: str, rng: random.Random, *, held_out: bool) -> Example:

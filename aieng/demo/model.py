@@ -25,6 +25,7 @@ class ModelDims:
     #: 512 keeps the serving limits (prompt too long, KV budget) realistic to exercise.
     context_length: int = 512
     rope_theta: float = 10000.0
+    initializer_range: float = 0.02
     tie_word_embeddings: bool = True
 
 
@@ -47,7 +48,7 @@ def llama_config(dims: ModelDims, *, vocab_size: int, bos_id: int, eos_id: int, 
         bos_token_id=bos_id,
         eos_token_id=eos_id,
         pad_token_id=pad_id,
-        initializer_range=0.02,
+        initializer_range=dims.initializer_range,
         rms_norm_eps=1e-5,
         use_cache=True,
     )

@@ -16,6 +16,7 @@ design: one thread owns it and the model.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -29,6 +30,9 @@ from aieng.engine.params import GenerationResult, SamplingParams, validate_reque
 from aieng.engine.sampling import new_generator, sample_batch
 from aieng.engine.stops import StopMatcher
 from aieng.errors import AiengError, InvalidRequestError
+
+
+log = logging.getLogger("aieng.engine")
 
 
 class OutOfMemoryRowError(AiengError):
@@ -51,6 +55,7 @@ class GenerationRequest:
     request_id: str
     prompt_ids: list[int]
     params: SamplingParams
+    trace_id: str | None = None  # carried into engine-thread log lines
 
 
 @dataclass
@@ -60,6 +65,7 @@ class TokenEvent:
     text: str  # the new text (may be empty while a character or a possible stop string is incomplete)
     finished: bool = False
     finish_reason: str | None = None  # "stop" | "length" | "error"
+    finish_cause: str | None = None  # "eos" | "stop_string" | "max_tokens" | "context_limit" | "error"
     prompt_tokens: int = 0
     completion_tokens: int = 0
     error: AiengError | None = None
@@ -133,6 +139,8 @@ class Engine:
                 raise
             release_cached_memory(self.device)
             self.stats["oom_splits"] += 1
+            log.warning("out of memory in a prefill of %d rows; splitting", len(requests),
+                        extra={"event": "engine_oom_split", "phase": "prefill", "rows": len(requests)})
             if len(requests) == 1:
                 return [self._error_event(requests[0], exc)]
             half = len(requests) // 2
@@ -271,6 +279,8 @@ class Engine:
                 layer.keys, layer.values = keys, values
             release_cached_memory(self.device)
             self.stats["oom_splits"] += 1
+            log.warning("out of memory in a decode step of %d rows; splitting", len(rows),
+                        extra={"event": "engine_oom_split", "phase": "decode", "rows": len(rows)})
             if len(rows) == 1:
                 return None, [], [self._error_event(rows[0].request, exc)]
             half = len(rows) // 2
@@ -304,21 +314,26 @@ class Engine:
         row.last_token = token
         if row.seen is not None:
             row.seen = torch.cat([row.seen, row.seen.new_tensor([token])])
-        finish = None
+        finish = cause = None
         if token in self.eos_ids and not params.ignore_eos:
-            text, finish = row.stops.feed(row.detokenizer.flush()), "stop"
+            text, finish, cause = row.stops.feed(row.detokenizer.flush()), "stop", "eos"
         else:
             text = row.stops.feed(row.detokenizer.add(token))
             if row.stops.stopped:
-                finish = "stop"
-            elif (len(row.generated) >= params.max_tokens
-                  or len(row.request.prompt_ids) + len(row.generated) >= self.context_length):
+                finish, cause = "stop", "stop_string"
+            elif len(row.generated) >= params.max_tokens:
+                finish, cause = "length", "max_tokens"
+            elif len(row.request.prompt_ids) + len(row.generated) >= self.context_length:
+                finish, cause = "length", "context_limit"
+            if cause in ("max_tokens", "context_limit"):
                 text += row.stops.feed(row.detokenizer.flush())
-                finish = "stop" if row.stops.stopped else "length"
+                if row.stops.stopped:
+                    finish, cause = "stop", "stop_string"
         if finish is not None and not row.stops.stopped:
             text += row.stops.flush()
         return TokenEvent(row.request_id, token, text, finished=finish is not None, finish_reason=finish,
-                          prompt_tokens=len(row.request.prompt_ids), completion_tokens=len(row.generated),
+                          finish_cause=cause, prompt_tokens=len(row.request.prompt_ids),
+                          completion_tokens=len(row.generated),
                           token_ids=tuple(row.generated) if finish is not None else ())
 
     def _keep(self, indices: list[int]) -> None:
@@ -326,9 +341,11 @@ class Engine:
         self.batch = self.batch.select(indices) if indices else None
 
     def _error_event(self, request: GenerationRequest, exc: BaseException) -> TokenEvent:
-        error = OutOfMemoryRowError(f"out of memory while generating for this request, even alone in its batch: {exc}. "
+        log.error("out of memory even alone in the batch: %s", exc,
+                  extra={"event": "engine_oom", "trace_id": request.trace_id, "prompt_tokens": len(request.prompt_ids)})
+        error = OutOfMemoryRowError("out of memory while generating for this request, even alone in its batch. "
                                     "Retry with a shorter prompt or fewer max_tokens")
-        return TokenEvent(request.request_id, None, "", finished=True, finish_reason="error",
+        return TokenEvent(request.request_id, None, "", finished=True, finish_reason="error", finish_cause="error",
                           prompt_tokens=len(request.prompt_ids), error=error)
 
 

@@ -61,7 +61,7 @@ class EngineLoop:
 
     # -- called from the event loop ------------------------------------------------------------
     def submit(self, request: GenerationRequest, sink: Callable[[TokenEvent], None], *,
-               priority: str = "interactive", timeout: float | None = None) -> None:
+               priority: str = "interactive", timeout: float | None = None) -> QueuedRequest:
         """Queue a validated request; its events go to ``sink``. Raises OverloadedError (429)."""
         if not self.accepting:
             raise NotReadyError("the server is draining and accepts no new requests")
@@ -74,6 +74,7 @@ class EngineLoop:
             except QueueFullError as exc:
                 raise OverloadedError(f"server overloaded: {exc}; retry shortly", retry_after=1) from exc
             self._wake.notify()
+        return item
 
     def cancel(self, request_id: str) -> None:
         """Drop a request wherever it is; its row leaves before the next decode step."""
@@ -157,17 +158,27 @@ class EngineLoop:
             self._running.pop(request_id, None)
         for q in expired + late:
             self._running.pop(q.request_id, None)
+            log.warning("request passed its deadline", extra={"event": "request_timeout", "trace_id": q.request.trace_id,
+                                                              "waited_s": round(now - q.arrival, 3)})
             self._send(q, _timeout_event(q))
         for q in joiners:
             self._running[q.request_id] = q
+            q.admitted_at = now
             if self.observer is not None:
                 self.observer.on_admit(q, now)
         events = self.engine.step([q.request for q in joiners]) if (joiners or self._running) else []
+        done_at = self.clock()
+        prefill_s = getattr(self.engine, "last_timings", (None,))[0]
+        for q in joiners:
+            q.prefill_s = prefill_s
         for event in events:
             q = self._running.get(event.request_id)
             if q is None:
                 continue
+            if q.first_token_at is None:
+                q.first_token_at = done_at
             if event.finished:
+                q.finished_at = done_at
                 del self._running[event.request_id]
             self._send(q, event)
         self.history.append((self.clock(), self.engine.num_running, len(self.queue)))
@@ -195,5 +206,5 @@ class EngineLoop:
 def _timeout_event(q: QueuedRequest) -> TokenEvent:
     error = RequestTimeoutError("the request did not finish before its deadline (`timeout`); "
                                 "raise the timeout or lower max_tokens")
-    return TokenEvent(q.request_id, None, "", finished=True, finish_reason="error",
+    return TokenEvent(q.request_id, None, "", finished=True, finish_reason="error", finish_cause="error",
                       prompt_tokens=q.prompt_tokens, error=error)

@@ -9,8 +9,10 @@ from aieng import metrics
 
 
 class MetricsObserver:
-    def __init__(self, window_s: float = 5.0):
+    def __init__(self, window_s: float = 5.0, resource_every_s: float = 1.0):
         self.window_s = window_s
+        self.resource_every_s = resource_every_s
+        self._last_resources = 0.0
         self._tokens: collections.deque = collections.deque()  # (time, tokens decoded)
 
     def on_admit(self, queued, now: float) -> None:
@@ -31,6 +33,9 @@ class MetricsObserver:
             self._tokens.popleft()
         span = now - self._tokens[0][0] if len(self._tokens) > 1 else self.window_s
         metrics.TOKENS_PER_SECOND.set(sum(n for _, n in self._tokens) / max(span, 1e-3))
+        if now - self._last_resources >= self.resource_every_s:
+            self._last_resources = now
+            metrics.update_resource_gauges()
 
     def on_idle(self, waiting: int) -> None:
         metrics.REQUESTS_RUNNING.set(0)

@@ -46,6 +46,11 @@ class QueuedRequest:
     deadline: float | None = None  # clock seconds
     seq: int = 0  # arrival order, the final tie-break
     sink: object = field(default=None, repr=False)  # where the loop sends this request's events
+    # filled in by the engine loop (clock seconds), for the request's log line
+    admitted_at: float | None = None
+    first_token_at: float | None = None
+    finished_at: float | None = None
+    prefill_s: float | None = None
 
     @property
     def request_id(self) -> str:

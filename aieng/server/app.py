@@ -9,9 +9,9 @@ import uuid
 
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-
 from aieng.engine import SamplingParams
+from aieng.metrics import update_resource_gauges
+from aieng.observability.prom import metrics_text
 from aieng.errors import InvalidRequestError, ModelNotFoundError, NotReadyError
 from aieng.server.errors import install_error_handlers
 from aieng.server.middleware import BodySizeLimitMiddleware, RequestContextMiddleware
@@ -55,7 +55,9 @@ def create_app(runtime: Runtime, *, max_body_bytes: int = 1_000_000, start_runti
 
     @app.get("/metrics")
     async def metrics():
-        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+        update_resource_gauges()
+        body, content_type = metrics_text()
+        return Response(body, media_type=content_type)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
@@ -67,7 +69,7 @@ def create_app(runtime: Runtime, *, max_body_bytes: int = 1_000_000, start_runti
         prompt = _single_prompt(body.prompt)
         params = _sampling(body, body.max_tokens)
         generation = await runtime.bridge.prepare(None, prompt, params)
-        return await _respond(runtime, request, body, generation, chat=False)
+        return await _respond(runtime, request, body, generation, chat=False, prompt=prompt)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request):
@@ -77,10 +79,11 @@ def create_app(runtime: Runtime, *, max_body_bytes: int = 1_000_000, start_runti
         ids = await asyncio.to_thread(_render_chat, runtime, body)
         max_tokens = body.max_completion_tokens or body.max_tokens or max(1, runtime.context_length - len(ids))
         generation = await runtime.bridge.prepare(ids, None, _sampling(body, max_tokens))
-        return await _respond(runtime, request, body, generation, chat=True)
+        return await _respond(runtime, request, body, generation, chat=True,
+                              prompt=[m.model_dump() for m in body.messages])
 
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=max_body_bytes)
-    app.add_middleware(RequestContextMiddleware)
+    app.add_middleware(RequestContextMiddleware, metrics_enabled=runtime.settings.metrics)
     return app
 
 
@@ -108,21 +111,33 @@ def _render_chat(runtime: Runtime, body: ChatCompletionRequest) -> list[int]:
     return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False))
 
 
-async def _respond(runtime: Runtime, request: Request, body, generation, *, chat: bool):
-    submission = runtime.bridge.submit(generation, priority=body.priority, timeout=body.timeout)
+async def _respond(runtime: Runtime, request: Request, body, generation, *, chat: bool, prompt):
+    bridge = runtime.bridge
+    submission = bridge.submit(generation, priority=body.priority, timeout=body.timeout)
+    route = request.url.path
     response_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
     created = int(time.time())
     if body.stream:
         include_usage = bool((body.stream_options or {}).get("include_usage"))
-        chunks = stream_chunks(runtime.bridge.events(submission), chat=chat, response_id=response_id,
-                               created=created, model=runtime.model_name, include_usage=include_usage)
-        return StreamingResponse(chunks, media_type="text/event-stream",
+
+        async def chunks():
+            try:
+                async for chunk in stream_chunks(bridge.events(submission), chat=chat, response_id=response_id,
+                                                 created=created, model=runtime.model_name,
+                                                 include_usage=include_usage):
+                    yield chunk
+            finally:
+                bridge.log_finished(submission, route=route, prompt=prompt)
+
+        return StreamingResponse(chunks(), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-    text, final = await runtime.bridge.collect(submission, request.receive)
+    final = await bridge.collect(submission, request.receive)
+    bridge.log_finished(submission, route=route, prompt=prompt)
     if final is None:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
     if final.error is not None:
         raise final.error
+    text = "".join(submission.text_parts)
     usage = Usage(prompt_tokens=final.prompt_tokens, completion_tokens=final.completion_tokens,
                   total_tokens=final.prompt_tokens + final.completion_tokens)
     if chat:

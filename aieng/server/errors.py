@@ -9,12 +9,15 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from aieng import metrics
 from aieng.errors import AiengError, InvalidRequestError
 
 log = logging.getLogger("aieng.server")
 
 
 def error_response(exc: AiengError, headers: dict | None = None) -> JSONResponse:
+    """The envelope, counted in aieng_request_errors_total{code} (every error leaves through here)."""
+    metrics.REQUEST_ERRORS.labels(code=exc.code).inc()
     return JSONResponse(exc.envelope(), status_code=exc.status, headers=headers)
 
 
@@ -39,7 +42,7 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(AiengError)
     async def _aieng(_: Request, exc: AiengError):
         if exc.status >= 500:
-            log.error("request failed: %s", exc.message)
+            log.error("request failed: %s", exc.message, extra={"event": "request_error", "error_code": exc.code})
         retry_after = getattr(exc, "retry_after", None)
         return error_response(exc, headers={"Retry-After": str(retry_after)} if retry_after else None)
 
@@ -55,5 +58,5 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception):
-        log.exception("unhandled error")  # traceback stays in the server log
+        log.exception("unhandled error", extra={"event": "unhandled_error"})  # traceback stays in the server log
         return error_response(AiengError("internal server error; the server log has the details"))

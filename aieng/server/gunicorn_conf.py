@@ -25,3 +25,12 @@ loglevel = "info"
 # gunicorn's control socket lives at one path per user: several servers on a host (tests,
 # benchmarks, blue/green) would fight over it, and aieng does not use it.
 control_socket_disable = True
+# gunicorn's own log lines in aieng's JSON shape (one object per line on stderr).
+logger_class = "aieng.observability.logs.GunicornJsonLogger"
+
+
+def child_exit(server, worker):
+    """A worker is gone (recycled, killed): drop its live gauges from the merged /metrics."""
+    from aieng.observability.prom import mark_worker_dead
+
+    mark_worker_dead(worker.pid)

@@ -1,38 +1,41 @@
-"""Cross-cutting HTTP concerns: request ids, timing, the body-size limit, request metrics."""
+"""Cross-cutting HTTP concerns: trace ids, timing, the body-size limit, request metrics."""
 
 from __future__ import annotations
 
 import json
 import time
-import uuid
 
-from aieng.metrics import REQUEST_DURATION, REQUESTS
-
-REQUEST_ID_HEADER = "x-request-id"
+from aieng import metrics
+from aieng.observability import tracing
 
 
 class RequestContextMiddleware:
-    """Echo (or create) ``X-Request-ID``, add ``X-Process-Time``, count requests by route and code.
+    """Trace context in, ``X-Request-ID`` / ``X-Trace-ID`` / ``X-Process-Time`` out, requests counted.
 
-    Pure ASGI rather than ``BaseHTTPMiddleware`` so streaming responses are not buffered.
+    Pure ASGI rather than ``BaseHTTPMiddleware`` so streaming responses are not buffered; the
+    duration therefore covers the whole stream.
     """
 
-    def __init__(self, app):
+    def __init__(self, app, *, metrics_enabled: bool = True):
         self.app = app
+        self.metrics_enabled = metrics_enabled
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         start = time.perf_counter()
         headers = dict(scope.get("headers") or [])
-        request_id = headers.get(b"x-request-id", b"").decode("latin-1")[:128] or uuid.uuid4().hex
-        scope.setdefault("state", {})["request_id"] = request_id
+        context = tracing.from_headers(headers.get(b"traceparent", b"").decode("latin-1"),
+                                       headers.get(b"x-request-id", b"").decode("latin-1"))
+        token = tracing.current.set(context)
+        scope.setdefault("state", {})["trace"] = context
         status_holder = {"code": 500}
 
         async def send_with_headers(message):
             if message["type"] == "http.response.start":
                 status_holder["code"] = message["status"]
-                extra = [(b"x-request-id", request_id.encode("latin-1")),
+                extra = [(b"x-request-id", context.request_id.encode("latin-1")),
+                         (b"x-trace-id", context.trace_id.encode("latin-1")),
                          (b"x-process-time", f"{time.perf_counter() - start:.6f}".encode())]
                 message = {**message, "headers": list(message.get("headers", [])) + extra}
             await send(message)
@@ -40,10 +43,12 @@ class RequestContextMiddleware:
         try:
             await self.app(scope, receive, send_with_headers)
         finally:
-            route = scope.get("route")
-            path = getattr(route, "path", None) or "unmatched"
-            REQUESTS.labels(route=path, code=str(status_holder["code"])).inc()
-            REQUEST_DURATION.labels(route=path).observe(time.perf_counter() - start)
+            tracing.current.reset(token)
+            if self.metrics_enabled:
+                route = scope.get("route")
+                path = getattr(route, "path", None) or "unmatched"
+                metrics.REQUESTS.labels(route=path, code=str(status_holder["code"])).inc()
+                metrics.REQUEST_DURATION.labels(route=path).observe(time.perf_counter() - start)
 
 
 class BodySizeLimitMiddleware:
@@ -60,15 +65,13 @@ class BodySizeLimitMiddleware:
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
             return await self._reject(send)
         received = 0
-        too_large = False
 
         async def limited_receive():
-            nonlocal received, too_large
+            nonlocal received
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > self.max_bytes:
-                    too_large = True
                     raise _BodyTooLarge()
             return message
 
@@ -78,6 +81,7 @@ class BodySizeLimitMiddleware:
             await self._reject(send)
 
     async def _reject(self, send):
+        metrics.REQUEST_ERRORS.labels(code="request_too_large").inc()
         body = json.dumps({"error": {"message": f"request body exceeds the limit of {self.max_bytes} bytes",
                                      "type": "invalid_request_error", "param": None, "code": "request_too_large"}}).encode()
         await send({"type": "http.response.start", "status": 413,

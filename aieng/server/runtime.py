@@ -20,9 +20,11 @@ from dataclasses import dataclass
 
 import torch
 
+from aieng import metrics
 from aieng.engine import Engine, EngineConfig
 from aieng.errors import NotReadyError
 from aieng.loading.loader import LoadConfig, LoadedModel, load_version
+from aieng.observability.logs import set_service
 from aieng.scheduler import EngineLoop, SchedulerConfig
 from aieng.scheduler.observer import MetricsObserver
 from aieng.server.bridge import Bridge
@@ -86,8 +88,14 @@ class Runtime:
         self.model_version = self.loaded.version
         self.engine = Engine(self.loaded.model, self.loaded.tokenizer, context_length=self.loaded.context_length,
                              config=self.config.engine)
-        self.engine_loop = EngineLoop(self.engine, self.config.scheduler, observer=MetricsObserver())
-        self.bridge = Bridge(self.engine_loop, self.engine)
+        observer = MetricsObserver() if self.settings.metrics else None
+        self.engine_loop = EngineLoop(self.engine, self.config.scheduler, observer=observer)
+        self.bridge = Bridge(self.engine_loop, self.engine, metrics_enabled=self.settings.metrics,
+                             payload_sample=self.settings.log_payload_sample)
+        set_service(self.model_name, self.model_version)
+        metrics.QUEUE_CAPACITY.set(self.config.scheduler.max_queue)
+        baseline = (self.loaded.manifest.performance_baseline or {}) if self.loaded.manifest else {}
+        metrics.TOKENS_PER_SECOND_BASELINE.set(float(baseline.get("tokens_per_s") or 0.0))
         if background_warmup:
             threading.Thread(target=self._warm_then_serve, name="aieng-warmup", daemon=True).start()
         else:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 
+from aieng import metrics
 from aieng.engine import TokenEvent
 
 
@@ -23,7 +24,8 @@ async def stream_chunks(events: AsyncIterator[TokenEvent], *, chat: bool, respon
                                         "logprobs": None, "finish_reason": None}]})
     async for event in events:
         last = event
-        if event.error is not None:
+        if event.error is not None:  # the status line is long gone: report the error in the stream
+            metrics.REQUEST_ERRORS.labels(code=event.error.code).inc()
             yield sse(event.error.envelope())
             break
         if not event.text and not event.finished:
