@@ -38,7 +38,9 @@ serve: demo
 	$(BIN)/aieng serve
 
 test: demo
-	$(BIN)/python -m pytest tests --nbval-lax notebooks runbooks -p no:cacheprovider
+	@if command -v promtool >/dev/null; then promtool check rules deploy/prometheus/alerts.yml; \
+	  else echo "promtool not found: alert rules unchecked (apt-get install prometheus)"; fi
+	$(BIN)/python -m pytest tests --nbval-lax notebooks -p no:cacheprovider
 
 lab: demo
 	$(BIN)/jupyter lab notebooks/

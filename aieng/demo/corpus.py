@@ -106,7 +106,7 @@ _GENERATORS = {"reverse": _reverse, "json": _json, "add": _add, "sort": _sort}
 
 #: Share of each family in the training mix. Addition and sorting need more examples than
 #: copying tasks to be learnt at all, so they get more of the fixed step budget.
-DEFAULT_MIX: dict[str, float] = {"reverse": 0.1, "json": 0.3, "add": 0.4, "sort": 0.2}
+DEFAULT_MIX: dict[str, float] = {"reverse": 0.2, "json": 0.3, "add": 0.35, "sort": 0.15}
 
 
 def _draw(family: str, rng: random.Random, *, held_out: bool) -> Example:

@@ -56,6 +56,8 @@ class LoadedModel:
 def load_version(store: ModelStore, ref: ModelRef, config: LoadConfig = LoadConfig()) -> LoadedModel:
     """Verify every hash of ``ref`` and load it; failures are counted and re-raised unchanged."""
     start = time.perf_counter()
+    for code in ("verification_failed", "insufficient_memory", "model_not_found"):
+        MODEL_LOAD_ERRORS.labels(model=ref.name, code=code)  # export zeros so rate() works from the start
     try:
         version = store.resolve(ref)
         resolved = ModelRef(ref.name, version)

@@ -94,6 +94,9 @@ class Runtime:
                              payload_sample=self.settings.log_payload_sample)
         set_service(self.model_name, self.model_version)
         metrics.QUEUE_CAPACITY.set(self.config.scheduler.max_queue)
+        for code in ("invalid_parameter", "context_length_exceeded", "overloaded", "timeout", "out_of_memory",
+                     "internal_error", "not_ready"):
+            metrics.REQUEST_ERRORS.labels(code=code)  # zeros from the start, so rate() and alerts work
         baseline = (self.loaded.manifest.performance_baseline or {}) if self.loaded.manifest else {}
         metrics.TOKENS_PER_SECOND_BASELINE.set(float(baseline.get("tokens_per_s") or 0.0))
         if background_warmup:

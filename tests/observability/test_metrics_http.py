@@ -1,0 +1,61 @@
+"""Metrics over HTTP from a real 2-worker server: they add up across workers and every name is there."""
+
+import httpx
+import psutil
+
+from aieng.observability.scrape import scrape
+
+CONTRACT = [
+    "aieng_request_duration_seconds_count", "aieng_time_to_first_token_seconds_count",
+    "aieng_inter_token_latency_seconds_count", "aieng_queue_wait_seconds_count", "aieng_prefill_seconds_count",
+    "aieng_decode_step_seconds_count", "aieng_batch_size_count", "aieng_requests_running", "aieng_requests_waiting",
+    "aieng_tokens_per_second", "aieng_prompt_tokens_total", "aieng_generation_tokens_total", "aieng_requests_total",
+    "aieng_request_errors_total", "aieng_requests_finished_total", "aieng_eos_early_total",
+    "aieng_model_load_seconds_count", "aieng_model_load_errors_total", "aieng_model_info",
+    "aieng_process_resident_memory_bytes", "aieng_host_memory_total_bytes", "aieng_host_memory_available_bytes",
+    "aieng_queue_capacity", "aieng_tokens_per_second_baseline",
+]
+
+
+def test_counters_add_up_across_two_workers_and_every_name_is_exported(two_workers):
+    master = psutil.Process(two_workers.process.pid)
+    assert len(master.children()) == 2
+    n = 40
+    body = {"model": "demo", "prompt": "<|bos|><|user|>add: 2+2<|end|><|assistant|>", "max_tokens": 4, "temperature": 0}
+    with httpx.Client(base_url=two_workers.base_url, timeout=30) as client:
+        before = scrape(two_workers.base_url).value("aieng_requests_total", route="/v1/completions")
+        statuses = [client.post("/v1/completions", json=body).status_code for _ in range(n)]
+        client.post("/v1/completions", json={**body, "temperature": -1})  # one error, for the error counter
+    assert statuses == [200] * n
+    snap = scrape(two_workers.base_url)
+    assert snap.value("aieng_requests_total", route="/v1/completions") - before == n + 1
+    assert snap.value("aieng_requests_total", route="/v1/completions", code="400") >= 1
+    assert snap.value("aieng_request_errors_total", code="invalid_parameter") >= 1
+    missing = [name for name in CONTRACT if name not in snap.names()]
+    assert not missing, missing
+    # sensible values
+    assert snap.value("aieng_time_to_first_token_seconds_count") >= n
+    assert snap.value("aieng_generation_tokens_total") >= n
+    assert snap.value("aieng_requests_finished_total") >= n
+    assert 0 < snap.quantile("aieng_time_to_first_token_seconds", 0.5) < 5
+    assert snap.value("aieng_model_info", name="demo", version="1") == 1
+    assert snap.value("aieng_queue_capacity") == 2 * 256  # one queue per worker
+    rss = snap.value("aieng_process_resident_memory_bytes")
+    assert 50 * 2**20 < rss < 8 * 2**30
+
+
+def test_a_dead_workers_gauges_are_dropped_but_its_counts_remain(two_workers):
+    import os
+    import signal
+    import time
+
+    before = scrape(two_workers.base_url).value("aieng_requests_total")
+    master = psutil.Process(two_workers.process.pid)
+    os.kill(master.children()[0].pid, signal.SIGKILL)
+    time.sleep(1.0)
+    deadline = time.monotonic() + 60
+    while len(master.children()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    snap = scrape(two_workers.base_url)
+    assert snap.value("aieng_requests_total") >= before  # counters never go backwards
+    assert snap.value("aieng_queue_capacity") <= 2 * 256  # livesum: the dead worker no longer counted

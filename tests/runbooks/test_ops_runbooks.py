@@ -1,0 +1,45 @@
+"""warmup_verify and incident_triage executed with papermill against a real server."""
+
+import pytest
+from papermill.exceptions import PapermillExecutionError
+
+from aieng.runbooks import execute
+from aieng.server.launcher import ServerProcess
+from aieng.store import ModelStore
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def live_server(tmp_path_factory, demo_model_dir):
+    store = ModelStore(tmp_path_factory.mktemp("ops-store"))
+    store.register(demo_model_dir, "demo", "1")
+    store.promote("demo", "1")
+    with ServerProcess(store=store.root, extra_args=["--workers", "1"]) as proc:
+        yield proc
+
+
+def test_warmup_verify_passes_on_a_healthy_server_and_keeps_a_record(live_server, tmp_path):
+    executed = execute("warmup_verify", {"base_url": live_server.base_url, "expected_model": "demo@1",
+                                         "dry_run": False}, runs_dir=tmp_path)
+    text = executed.read_text()
+    assert "same text" in text and "answers correctly" in text
+
+
+def test_warmup_verify_dry_run_only_checks_health(live_server, tmp_path):
+    executed = execute("warmup_verify", {"base_url": live_server.base_url}, runs_dir=tmp_path)
+    assert "[dry run] skipping the generation checks" in executed.read_text()
+
+
+def test_warmup_verify_fails_loudly_on_the_wrong_model(live_server, tmp_path):
+    with pytest.raises(PapermillExecutionError, match="expected demo@7"):
+        execute("warmup_verify", {"base_url": live_server.base_url, "expected_model": "demo@7"}, runs_dir=tmp_path)
+
+
+def test_incident_triage_produces_a_diagnosis(live_server, tmp_path):
+    import httpx
+
+    httpx.post(f"{live_server.base_url}/v1/completions", json={"model": "demo", "prompt": "x", "temperature": -1})
+    executed = execute("incident_triage", {"base_url": live_server.base_url, "window_s": 1}, runs_dir=tmp_path)
+    text = executed.read_text()
+    assert "verdict:" in text and "server alive and ready" in text and "TTFT p99" in text
