@@ -18,8 +18,8 @@ from aieng.engine import SamplingParams
 from aieng.engine.engine import Engine, EngineConfig
 
 BENCH_PROMPTS = [
-    "reverse: apple stone river cloud", "add: 27+58", "json: name=ana age=31 city=oslo", "sort: pear fig apple",
-    "reverse: one two three four five six", "add: 3+94", "json: id=7 color=red", "sort: zoo ant moon kite bell",
+    "reverse: apple stone river moon", "add: 27+58", "json: name=ana age=31 city=oslo", "sort: river apple stone",
+    "reverse: boat door glass milk road", "add: 31+94", "json: color=red score=7", "sort: zoo oak moon king",
 ]
 
 

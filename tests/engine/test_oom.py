@@ -23,7 +23,7 @@ def limit_batch(engine, max_rows, *, poison_length=None):
 
 def test_oom_splits_the_batch_and_results_are_unchanged(demo, render):
     model, tokenizer = demo
-    prompts = [render(p) for p in ["reverse: a b c", "add: 12+30", "json: k=v", "sort: b a", "reverse: x y"]]
+    prompts = [render(p) for p in ["reverse: egg fish gold", "add: 12+30", "json: pet=cat age=4", "sort: tree king", "reverse: pen oak sand"]]
     params = SamplingParams(max_tokens=16, temperature=0)
     expected = [r.text for r in Engine(model, tokenizer).generate(prompts, params)]
 
@@ -38,7 +38,7 @@ def test_a_row_that_cannot_run_alone_fails_alone_and_the_engine_keeps_serving(de
     model, tokenizer = demo
     engine = Engine(model, tokenizer)
     good = [GenerationRequest(f"ok{i}", engine.encode(render(p)), SamplingParams(max_tokens=12, temperature=0))
-            for i, p in enumerate(["reverse: a b c", "add: 2+2"])]
+            for i, p in enumerate(["reverse: egg fish gold", "add: 22+22"])]
     poison = GenerationRequest("huge", [7] * 97, SamplingParams(max_tokens=12, temperature=0))
     limit_batch(engine, 64, poison_length=97)
 
@@ -49,13 +49,13 @@ def test_a_row_that_cannot_run_alone_fails_alone_and_the_engine_keeps_serving(de
         events += engine.decode()
     done = {e.request_id: e for e in events if e.finished}
     assert done["ok0"].finish_reason == "stop" and done["ok1"].finish_reason == "stop"
-    assert engine.generate([render("add: 1+1")], SamplingParams(max_tokens=4, temperature=0))[0].text == "2"
+    assert engine.generate([render("add: 11+11")], SamplingParams(max_tokens=4, temperature=0))[0].text == "22"
 
 
 def test_decode_oom_splits_the_running_batch(demo, render):
     model, tokenizer = demo
     engine = Engine(model, tokenizer)
-    prompts = [render(p) for p in ["reverse: a b c d", "json: a=1 b=2", "sort: c b a"]]
+    prompts = [render(p) for p in ["reverse: egg fish gold hill", "json: score=12 city=rome", "sort: wolf cake jam"]]
     params = SamplingParams(max_tokens=16, temperature=0)
     expected = [r.token_ids for r in Engine(model, tokenizer).generate(prompts, params)]
     requests = [GenerationRequest(str(i), engine.encode(p), params) for i, p in enumerate(prompts)]

@@ -6,7 +6,7 @@ from aieng.engine import SamplingParams
 from aieng.engine.engine import Engine
 from aieng.engine.parity import parity_report, reference_tokens as reference
 
-PROMPTS = ["reverse: apple stone river", "add: 27+58", "json: name=ana age=31 city=oslo", "sort: pear fig apple"]
+PROMPTS = ["reverse: apple stone river", "add: 27+58", "json: name=ana age=31 city=oslo", "sort: river apple stone"]
 
 
 @pytest.mark.parametrize("arch", ["demo", "qwen"])
@@ -65,7 +65,7 @@ def test_remove_drops_a_row_between_steps_and_the_rest_continue(demo, render):
     params = SamplingParams(max_tokens=20, temperature=0)
     expected = engine.generate([render("json: name=ana age=31")], params)[0].token_ids
     events = engine.prefill([GenerationRequest("keep", engine.encode(render("json: name=ana age=31")), params),
-                             GenerationRequest("drop", engine.encode(render("reverse: one two three four five")), params)])
+                             GenerationRequest("drop", engine.encode(render("reverse: boat door glass milk road")), params)])
     events += engine.decode()
     assert engine.remove(["drop", "unknown"]) == ["drop"]
     assert engine.running_ids() == ["keep"] and engine.batch.size == 1

@@ -31,7 +31,7 @@ def test_sampling_is_reproducible_per_seed_and_varies_across_seeds():
 def test_top_k_1_and_tiny_top_p_equal_greedy(demo, render):
     model, tokenizer = demo
     engine = Engine(model, tokenizer)
-    prompt = render("json: name=bo age=7")
+    prompt = render("json: name=bob age=17")
     greedy = engine.generate([prompt], SamplingParams(max_tokens=16, temperature=0))[0].text
     assert engine.generate([prompt], SamplingParams(max_tokens=16, temperature=1.5, top_k=1, seed=3))[0].text == greedy
     assert engine.generate([prompt], SamplingParams(max_tokens=16, temperature=1.5, top_p=1e-6, seed=3))[0].text == greedy
@@ -41,8 +41,8 @@ def test_a_seeded_row_is_reproducible_whatever_its_batch_mates(demo, render):
     model, tokenizer = demo
     engine = Engine(model, tokenizer)
     seeded = SamplingParams(max_tokens=20, temperature=1.3, seed=1234)
-    alone = engine.generate([render("sort: pear fig apple")], seeded)[0].token_ids
-    mates = [render("add: 11+22"), render("reverse: a b c d e f"), render("sort: pear fig apple")]
+    alone = engine.generate([render("sort: river apple stone")], seeded)[0].token_ids
+    mates = [render("add: 11+22"), render("reverse: egg fish gold hill ice"), render("sort: river apple stone")]
     params = [SamplingParams(max_tokens=20, temperature=0.9, seed=5), SamplingParams(max_tokens=7, temperature=0), seeded]
     in_batch = engine.generate(mates, params)[2].token_ids
     assert in_batch == alone

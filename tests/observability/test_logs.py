@@ -33,7 +33,7 @@ def test_every_stderr_line_is_json_with_the_contract_fields(two_workers):
 def test_traceparent_is_echoed_and_follows_the_request(two_workers):
     resp = httpx.post(f"{two_workers.base_url}/v1/completions", timeout=30,
                       headers={"traceparent": f"00-{TRACE}-b7ad6b7169203331-01", "X-Request-ID": "req-42"},
-                      json={"model": "demo", "prompt": "<|bos|><|user|>add: 1+1<|end|><|assistant|>", "max_tokens": 4})
+                      json={"model": "demo", "prompt": "<|bos|><|user|>add: 11+11<|end|><|assistant|>", "max_tokens": 4})
     assert resp.headers["x-trace-id"] == TRACE and resp.headers["x-request-id"] == "req-42"
     time.sleep(0.3)
     ours = [line for line in lines(two_workers) if line["trace_id"] == TRACE]
@@ -54,7 +54,7 @@ def test_engine_thread_lines_carry_the_trace_id(two_workers):
     trace = "1" * 32
     resp = httpx.post(f"{two_workers.base_url}/v1/completions", timeout=30,
                       headers={"traceparent": f"00-{trace}-b7ad6b7169203331-01"},
-                      json={"model": "demo", "prompt": "<|bos|><|user|>add: 1+1<|end|><|assistant|>", "max_tokens": 400,
+                      json={"model": "demo", "prompt": "<|bos|><|user|>add: 11+11<|end|><|assistant|>", "max_tokens": 400,
                             "ignore_eos": True, "timeout": 0.05})
     assert resp.status_code == 504 and resp.json()["error"]["code"] == "timeout"
     time.sleep(0.3)
@@ -66,11 +66,11 @@ def test_payload_sampling_logs_prompt_and_output(sampled_server):
     trace = "2" * 32
     httpx.post(f"{sampled_server.base_url}/v1/completions", timeout=30,
                headers={"traceparent": f"00-{trace}-b7ad6b7169203331-01"},
-               json={"model": "demo", "prompt": "<|bos|><|user|>add: 2+3<|end|><|assistant|>", "max_tokens": 4,
+               json={"model": "demo", "prompt": "<|bos|><|user|>add: 23+32<|end|><|assistant|>", "max_tokens": 4,
                      "temperature": 0})
     time.sleep(0.3)
     line = next(line for line in lines(sampled_server) if line["trace_id"] == trace and line["event"] == "request_finished")
-    assert line["prompt"].endswith("<|assistant|>") and line["output"] == "5"
+    assert line["prompt"].endswith("<|assistant|>") and line["output"] == "55"
 
 
 def test_errors_keep_tracebacks_server_side(two_workers):

@@ -21,7 +21,7 @@ def test_counters_add_up_across_two_workers_and_every_name_is_exported(two_worke
     master = psutil.Process(two_workers.process.pid)
     assert len(master.children()) == 2
     n = 40
-    body = {"model": "demo", "prompt": "<|bos|><|user|>add: 2+2<|end|><|assistant|>", "max_tokens": 4, "temperature": 0}
+    body = {"model": "demo", "prompt": "<|bos|><|user|>add: 22+22<|end|><|assistant|>", "max_tokens": 4, "temperature": 0}
     with httpx.Client(base_url=two_workers.base_url, timeout=30) as client:
         before = scrape(two_workers.base_url).value("aieng_requests_total", route="/v1/completions")
         statuses = [client.post("/v1/completions", json=body).status_code for _ in range(n)]

@@ -35,7 +35,7 @@ def test_a_real_prometheus_scrapes_time_to_first_token(two_workers, tmp_path):
                              f"--storage.tsdb.path={tmp_path / 'data'}", f"--web.listen-address=127.0.0.1:{port}"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        body = {"model": "demo", "prompt": "<|bos|><|user|>add: 2+2<|end|><|assistant|>", "max_tokens": 4}
+        body = {"model": "demo", "prompt": "<|bos|><|user|>add: 22+22<|end|><|assistant|>", "max_tokens": 4}
         for _ in range(5):
             assert httpx.post(f"{two_workers.base_url}/v1/completions", json=body, timeout=30).status_code == 200
         value = 0.0

@@ -26,7 +26,7 @@ def stream_to_end(base_url, body, results, index):
 
 def test_sigterm_drains_in_flight_streams_and_exits_zero(demo_store, render):
     proc = ServerProcess(store=demo_store.root, extra_args=["--workers", "1", "--drain-delay", "1.0"]).start()
-    body = {"model": "demo", "prompt": render("reverse: a b c"), "max_tokens": 120, "temperature": 0,
+    body = {"model": "demo", "prompt": render("reverse: egg fish gold"), "max_tokens": 120, "temperature": 0,
             "stream": True, "ignore_eos": True}
     results = [None] * 8
     threads = [threading.Thread(target=stream_to_end, args=(proc.base_url, body, results, i)) for i in range(8)]
@@ -56,9 +56,9 @@ def test_a_killed_worker_is_replaced_and_the_server_keeps_answering(demo_store, 
         before = {c.pid for c in master.children()}
         victim = sorted(before)[0]
         os.kill(victim, signal.SIGKILL)
-        body = {"model": "demo", "prompt": render("add: 2+2"), "max_tokens": 4, "temperature": 0}
+        body = {"model": "demo", "prompt": render("add: 22+22"), "max_tokens": 4, "temperature": 0}
         answers = [httpx.post(f"{proc.base_url}/v1/completions", json=body, timeout=30) for _ in range(5)]
-        assert all(a.status_code == 200 and a.json()["choices"][0]["text"] == "4" for a in answers)
+        assert all(a.status_code == 200 and a.json()["choices"][0]["text"] == "44" for a in answers)
         while time.monotonic() < deadline:
             after = {c.pid for c in master.children()}
             if len(after) == 2 and victim not in after:

@@ -37,7 +37,7 @@ def test_sse_chunks_end_with_done(server, render):
 
 
 def _long_body(render, stream):
-    return {"model": "demo", "prompt": render("reverse: a b c"), "max_tokens": 480, "temperature": 0,
+    return {"model": "demo", "prompt": render("reverse: egg fish gold"), "max_tokens": 480, "temperature": 0,
             "stream": stream, "ignore_eos": True, "stop": None, "repetition_penalty": 1.0}
 
 
