@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 #: Task families, in the order reports list them.
 FAMILIES: tuple[str, ...] = ("reverse", "json", "add", "sort")
@@ -56,11 +56,16 @@ JSON_FIELDS: dict[str, tuple[str, ...] | tuple[int, int]] = {
 
 @dataclass(frozen=True)
 class Example:
-    """One checkable task: the user message (``prompt``) and the exact expected reply."""
+    """One checkable task: the user message (``prompt``) and the exact expected reply.
+
+    ``system`` is an optional system message in front of the prompt; it never changes the
+    answer (training sees a few so that chat clients that always send one still work).
+    """
 
     family: str
     prompt: str
     answer: str
+    system: str | None = None
 
 
 def is_held_out(prompt: str) -> bool:
@@ -109,6 +114,17 @@ _GENERATORS = {"reverse": _reverse, "json": _json, "add": _add, "sort": _sort}
 DEFAULT_MIX: dict[str, float] = {"reverse": 0.2, "json": 0.3, "add": 0.35, "sort": 0.15}
 
 
+#: System messages sprinkled over the training corpus (the OpenAI client and most chat UIs send
+#: one). The model learns to read past them; their text carries no task information.
+SYSTEM_PROMPTS: tuple[str, ...] = (
+    "You are a helpful assistant.",
+    "You are a precise assistant. Answer briefly.",
+    "Follow the instruction exactly.",
+    "You are aieng, a small demo model.",
+)
+SYSTEM_PROMPT_SHARE = 0.05
+
+
 def _draw(family: str, rng: random.Random, *, held_out: bool) -> Example:
     """Rejection-sample one example of ``family`` from the requested side of the split."""
     generate = _GENERATORS[family]
@@ -122,7 +138,8 @@ def training_examples(seed: int, n: int, *, mix: dict[str, float] | None = None)
     """``n`` training examples (never a held-out prompt), deterministic in ``seed``.
 
     Families are drawn at random with the weights of ``mix`` (default :data:`DEFAULT_MIX`);
-    prompts repeat across the list where a family's prompt space is small (addition).
+    prompts repeat across the list where a family's prompt space is small (addition). About
+    :data:`SYSTEM_PROMPT_SHARE` of the examples carry a system message.
     """
     weights = mix or DEFAULT_MIX
     unknown = set(weights) - set(FAMILIES)
@@ -132,7 +149,12 @@ def training_examples(seed: int, n: int, *, mix: dict[str, float] | None = None)
     cum = [weights[f] for f in families]
     rng = random.Random(f"train:{seed}")
     chosen = rng.choices(families, weights=cum, k=n)
-    return [_draw(family, rng, held_out=False) for family in chosen]
+    examples = [_draw(family, rng, held_out=False) for family in chosen]
+    system_rng = random.Random(f"system:{seed}")  # own stream: tasks do not depend on it
+    return [
+        replace(e, system=system_rng.choice(SYSTEM_PROMPTS)) if system_rng.random() < SYSTEM_PROMPT_SHARE else e
+        for e in examples
+    ]
 
 
 def held_out_examples(seed: int, n_per_family: int) -> list[Example]:

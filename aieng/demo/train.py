@@ -76,15 +76,14 @@ def make_batches(
     batches = []
     for rows in groups:
         width = max(len(documents[i]) for i in rows)
-        ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-        labels = torch.full((len(rows), width), IGNORE, dtype=torch.long)
-        n_tokens = 0
-        for r, i in enumerate(rows):
-            doc = documents[i]
-            ids[r, : len(doc)] = torch.tensor(doc, dtype=torch.long)
-            labels[r, answer_starts[i] : len(doc)] = ids[r, answer_starts[i] : len(doc)]
+        ids_rows, label_rows, n_tokens = [], [], 0
+        for i in rows:
+            doc, start = documents[i], answer_starts[i]
+            pad = width - len(doc)
+            ids_rows.append(doc + [pad_id] * pad)
+            label_rows.append([IGNORE] * start + doc[start:] + [IGNORE] * pad)
             n_tokens += len(doc)
-        batches.append(Batch(ids, labels, n_tokens))
+        batches.append(Batch(torch.tensor(ids_rows), torch.tensor(label_rows), n_tokens))
     return batches
 
 

@@ -171,6 +171,7 @@ class EngineLoop:
         prefill_s = getattr(self.engine, "last_timings", (None,))[0]
         for q in joiners:
             q.prefill_s = prefill_s
+        deliveries = []
         for event in events:
             q = self._running.get(event.request_id)
             if q is None:
@@ -180,13 +181,15 @@ class EngineLoop:
             if event.finished:
                 q.finished_at = done_at
                 del self._running[event.request_id]
-            self._send(q, event)
+            deliveries.append((q, event))
         self.history.append((self.clock(), self.engine.num_running, len(self.queue)))
-        if self.observer is not None:
+        if self.observer is not None:  # before delivery: a client that sees a token sees the gauges too
             if events:
                 self.observer.on_step(self.engine, len(self._running), len(self.queue))
             if not self._running:
                 self.observer.on_idle(len(self.queue))
+        for q, event in deliveries:
+            self._send(q, event)
         return events
 
     def _send(self, q: QueuedRequest, event: TokenEvent) -> None:

@@ -20,3 +20,13 @@ def demo_store(tmp_path_factory, demo_model_dir):
 def server(demo_store):
     with ServerProcess(store=demo_store.root, model="demo") as proc:
         yield proc
+
+
+@pytest.fixture(scope="module")
+def render(demo_model_dir):
+    """Render a user message with the demo model's own chat template (what a chat client would send)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(demo_model_dir, local_files_only=True)
+    return lambda message: tokenizer.apply_chat_template([{"role": "user", "content": message}], tokenize=False,
+                                                         add_generation_prompt=True)

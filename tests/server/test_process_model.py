@@ -19,7 +19,8 @@ def stream_to_end(base_url, body, results, index):
             lines = [line for line in resp.iter_lines() if line]
         chunks = [json.loads(line[6:]) for line in lines[:-1]]
         results[index] = {"status": resp.status_code, "done": lines[-1] == "data: [DONE]",
-                          "finish": chunks[-1]["choices"][0]["finish_reason"], "chunks": len(chunks)}
+                          "finish": chunks[-2]["choices"][0]["finish_reason"],
+                          "tokens": chunks[-1]["usage"]["completion_tokens"]}
     except Exception as exc:  # recorded, asserted below
         results[index] = {"error": repr(exc)}
 
@@ -27,7 +28,7 @@ def stream_to_end(base_url, body, results, index):
 def test_sigterm_drains_in_flight_streams_and_exits_zero(demo_store, render):
     proc = ServerProcess(store=demo_store.root, extra_args=["--workers", "1", "--drain-delay", "1.0"]).start()
     body = {"model": "demo", "prompt": render("reverse: egg fish gold"), "max_tokens": 120, "temperature": 0,
-            "stream": True, "ignore_eos": True}
+            "stream": True, "ignore_eos": True, "stream_options": {"include_usage": True}}
     results = [None] * 8
     threads = [threading.Thread(target=stream_to_end, args=(proc.base_url, body, results, i)) for i in range(8)]
     for t in threads:
@@ -44,7 +45,7 @@ def test_sigterm_drains_in_flight_streams_and_exits_zero(demo_store, render):
     for t in threads:
         t.join(60)
     assert proc.process.wait(60) == 0
-    assert all(r and r.get("done") and r["finish"] == "length" and r["chunks"] == 120 for r in results), results
+    assert all(r and r.get("done") and r["finish"] == "length" and r["tokens"] == 120 for r in results), results
 
 
 def test_a_killed_worker_is_replaced_and_the_server_keeps_answering(demo_store, render):

@@ -22,16 +22,6 @@ def test_models_lists_the_served_version(client):
     assert [(m["id"], m["version"]) for m in body["data"]] == [("demo", "1")]
 
 
-@pytest.fixture(scope="module")
-def render(demo_model_dir):
-    """Render a user message with the demo model's own chat template (what a chat client would send)."""
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(demo_model_dir, local_files_only=True)
-    return lambda message: tokenizer.apply_chat_template([{"role": "user", "content": message}], tokenize=False,
-                                                         add_generation_prompt=True)
-
-
 def test_completion_returns_the_demo_models_answer(client, render):
     resp = client.post("/v1/completions", json={"model": "demo", "prompt": render("reverse: apple stone river"),
                                                 "max_tokens": 16, "temperature": 0})

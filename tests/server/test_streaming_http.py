@@ -8,10 +8,9 @@ import pytest
 
 
 def running(base_url) -> float:
-    for line in httpx.get(f"{base_url}/metrics").text.splitlines():
-        if line.startswith("aieng_requests_running"):
-            return float(line.split()[-1])
-    raise AssertionError("aieng_requests_running is not exported")
+    from aieng.observability.scrape import scrape
+
+    return scrape(base_url).value("aieng_requests_running")
 
 
 def wait_for_running(base_url, value, timeout=5.0) -> float:
@@ -24,14 +23,14 @@ def wait_for_running(base_url, value, timeout=5.0) -> float:
 
 
 def test_sse_chunks_end_with_done(server, render):
-    body = {"model": "demo", "prompt": render("reverse: apple stone"), "max_tokens": 12, "temperature": 0, "stream": True}
+    body = {"model": "demo", "prompt": render("reverse: apple stone river"), "max_tokens": 12, "temperature": 0, "stream": True}
     with httpx.stream("POST", f"{server.base_url}/v1/completions", json=body, timeout=30) as resp:
         assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/event-stream")
         lines = [line for line in resp.iter_lines() if line]
     assert all(line.startswith("data: ") for line in lines)
     assert lines[-1] == "data: [DONE]"
     chunks = [json.loads(line[6:]) for line in lines[:-1]]
-    assert "".join(c["choices"][0]["text"] for c in chunks) == "stone apple"
+    assert "".join(c["choices"][0]["text"] for c in chunks) == "river stone apple"
     assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
     assert len({c["id"] for c in chunks}) == 1
 
