@@ -77,5 +77,8 @@ def _serve(args: argparse.Namespace) -> int:
             "max_queue_delay_ms", "request_timeout_s", "graceful_timeout_s", "drain_delay_s", "compile", "int8")
     settings = settings_from(args, **{k: getattr(args, k) for k in keys})
     configure_logging(settings.log_level)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # stderr carries JSON lines only
     serve(settings)
     return 0

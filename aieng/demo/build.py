@@ -35,6 +35,9 @@ from aieng.demo.tokenizer import (
 )
 from aieng.demo.train import make_batches, train
 
+#: Bump when the corpus, tokenizer or training code changes what a given config builds: caches
+#: of built models (tests, CI) compare it and rebuild.
+RECIPE_VERSION = "demo-recipe-1"
 #: Provenance of a build (config, seed, final loss, timings, library versions).
 BUILD_INFO_FILE = "demo_build.json"
 #: Files every demo build writes (besides BUILD_INFO_FILE).
@@ -82,6 +85,24 @@ class DemoBuildConfig:
     tie_word_embeddings: bool = True
     #: Family weights of the training mix (None: corpus.DEFAULT_MIX).
     mix: dict[str, float] | None = None
+
+    @classmethod
+    def tiny(cls, **overrides) -> DemoBuildConfig:
+        """A build of seconds for tests and smoke checks: the whole pipeline, no accuracy."""
+        values: dict = dict(
+            steps=12,
+            batch_size=8,
+            warmup_steps=2,
+            vocab_size=300,
+            tokenizer_examples=400,
+            hidden_size=32,
+            intermediate_size=64,
+            num_layers=2,
+            num_heads=2,
+            num_kv_heads=1,
+        )
+        values.update(overrides)
+        return cls(**values)
 
     def dims(self) -> ModelDims:
         return ModelDims(
@@ -195,6 +216,7 @@ def _build_into(tmp: Path, config: DemoBuildConfig, *, progress: bool) -> dict:
     if missing:
         raise RuntimeError(f"save_pretrained did not write {missing}")
     return {
+        "recipe": RECIPE_VERSION,
         "config": asdict(config),
         "seed": config.seed,
         "steps": result.steps,

@@ -17,10 +17,10 @@ from prometheus_client.parser import text_string_to_metric_families
 class Snapshot:
     samples: dict[tuple[str, tuple], float]  # (name, sorted label items) -> value
 
-    def value(self, name: str, **labels) -> float:
+    def value(self, metric: str, /, **labels) -> float:
         """Sum of every sample of ``name`` whose labels include ``labels``."""
         want = set(labels.items())
-        return sum(v for (n, items), v in self.samples.items() if n == name and want <= set(items))
+        return sum(v for (n, items), v in self.samples.items() if n == metric and want <= set(items))
 
     def names(self) -> set[str]:
         return {n for n, _ in self.samples}

@@ -61,6 +61,7 @@ def create_app(runtime: Runtime, *, max_body_bytes: int = 1_000_000, start_runti
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
+        await runtime.wait_ready()
         _check_common(runtime, body)
         if body.echo:
             raise InvalidRequestError("echo is not supported", param="echo")
@@ -73,6 +74,7 @@ def create_app(runtime: Runtime, *, max_body_bytes: int = 1_000_000, start_runti
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request):
+        await runtime.wait_ready()
         _check_common(runtime, body)
         if body.logprobs:
             raise InvalidRequestError("logprobs are not supported", param="logprobs")

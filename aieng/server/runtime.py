@@ -116,6 +116,17 @@ class Runtime:
         if not self.ready:
             raise NotReadyError("the model is loading or warming up; retry when /health/ready returns 200")
 
+    async def wait_ready(self, timeout_s: float = 30.0) -> None:
+        """For generation routes: a request that reaches a worker still warming up waits for it
+        (several workers share one socket, so a client cannot choose a warm one) instead of
+        failing; /health/ready keeps answering 503 until warm, for probes."""
+        import asyncio
+
+        deadline = time.monotonic() + timeout_s
+        while not self.ready and not self.draining and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        self.require_ready()
+
     def drain(self) -> None:
         """Readiness turns 503 and no new request is admitted; in-flight ones finish."""
         self.draining = True

@@ -7,19 +7,23 @@ import httpx
 import pytest
 
 
-def running(base_url) -> float:
+def decode_steps(base_url) -> float:
     from aieng.observability.scrape import scrape
 
-    return scrape(base_url).value("aieng_requests_running")
+    return scrape(base_url).value("aieng_batch_size_count")
 
 
-def wait_for_running(base_url, value, timeout=5.0) -> float:
+def wait_until_engine_idle(base_url, timeout=5.0) -> float:
+    """Seconds until the engine stops stepping (the decode-step count stays put for 0.3 s)."""
     start = time.monotonic()
+    previous = decode_steps(base_url)
     while time.monotonic() - start < timeout:
-        if running(base_url) == value:
+        time.sleep(0.3)
+        current = decode_steps(base_url)
+        if current == previous:
             return time.monotonic() - start
-        time.sleep(0.02)
-    raise AssertionError(f"aieng_requests_running never became {value}")
+        previous = current
+    raise AssertionError("the engine kept stepping: the abandoned row was not removed")
 
 
 def test_sse_chunks_end_with_done(server, render):
@@ -40,18 +44,28 @@ def _long_body(render, stream):
             "stream": stream, "ignore_eos": True, "stop": None, "repetition_penalty": 1.0}
 
 
+def _finished_lines(server):
+    lines = [json.loads(line) for line in server.output().splitlines() if line.startswith("{")]
+    return [line for line in lines if line["event"] == "request_finished"]
+
+
 def test_streaming_client_disconnect_removes_the_row(server, render):
     body = _long_body(render, True)  # ignore_eos: 480 tokens, seconds of work if nobody stopped it
+    before = decode_steps(server.base_url)
     with httpx.stream("POST", f"{server.base_url}/v1/completions", json=body, timeout=30) as resp:
         for _, _line in zip(range(3), resp.iter_lines()):
             pass
-        assert running(server.base_url) == 1
-    # the connection is closed here; the row must leave promptly (not after 480 tokens)
-    assert wait_for_running(server.base_url, 0, timeout=3.0) < 3.0
+    # the connection is closed here; the row must leave at once, not after 480 tokens
+    wait_until_engine_idle(server.base_url)
+    assert decode_steps(server.base_url) - before < 100
+    assert _finished_lines(server)[-1]["outcome"] == "client_disconnected"
 
 
 def test_non_streaming_client_disconnect_removes_the_row(server, render):
     body = _long_body(render, False)
+    before = decode_steps(server.base_url)
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(f"{server.base_url}/v1/completions", json=body, timeout=0.5)
-    assert wait_for_running(server.base_url, 0, timeout=3.0) < 3.0
+    wait_until_engine_idle(server.base_url)
+    assert decode_steps(server.base_url) - before < 200
+    assert _finished_lines(server)[-1]["outcome"] == "client_disconnected"
