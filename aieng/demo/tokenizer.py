@@ -7,9 +7,11 @@ addition becomes learnable digit by digit.
 The chat template is the single definition of the prompt format: training documents are
 rendered through it (:func:`render_documents`) and it is saved in ``tokenizer_config.json``, so
 ``apply_chat_template`` and ``/v1/chat/completions`` produce exactly what the model was trained
-on. Rendered, a conversation looks like::
+on. Rendered, a conversation looks like (the system turn is optional)::
 
-    <|bos|><|user|>add: 27+58<|end|><|assistant|>85<|end|>
+    <|bos|><|system|>Be brief.<|end|><|user|>add: 27+58<|end|><|assistant|>85<|end|>
+
+and a generation prompt ends with the opened assistant turn: ``...<|end|><|assistant|>``.
 """
 
 from __future__ import annotations
@@ -52,8 +54,10 @@ CHAT_TEMPLATE_VERSION = "demo-chat-v1"
 def train_tokenizer(texts: Iterable[str], *, vocab_size: int) -> PreTrainedTokenizerFast:
     """Train byte-level BPE on ``texts`` and wrap it as a transformers fast tokenizer.
 
-    ``texts`` should be rendered documents (special tokens included: they are matched as
-    whole added tokens, never merged into BPE pieces). Deterministic for the same texts.
+    ``texts`` are message contents (prompts, answers, system messages); the special tokens get
+    the fixed ids 0..5 and are only ever matched whole, never merged into BPE pieces.
+    ``vocab_size`` is an upper bound: on a repetitive corpus merges run out before it.
+    Deterministic for the same texts.
     """
     backend = Tokenizer(models.BPE())
     backend.pre_tokenizer = pre_tokenizers.Sequence(
@@ -74,7 +78,8 @@ def train_tokenizer(texts: Iterable[str], *, vocab_size: int) -> PreTrainedToken
     )
     backend.train_from_iterator(texts, trainer=trainer)
     for i, token in enumerate(SPECIAL_TOKENS):
-        assert backend.token_to_id(token) == i, f"special token {token} is not id {i}"
+        if backend.token_to_id(token) != i:
+            raise RuntimeError(f"special token {token} got id {backend.token_to_id(token)}, expected {i}")
     return wrap_tokenizer(backend)
 
 
@@ -179,8 +184,8 @@ def save_tokenizer(tokenizer: PreTrainedTokenizerFast, directory: Path) -> None:
 
     ``save_jinja_files=False`` keeps the chat template in tokenizer_config.json rather than a
     separate chat_template.jinja, where every version of every tool looks for it. The class is
-    recorded as ``PreTrainedTokenizerFast`` (transformers 5 writes its internal
-    ``TokenizersBackend``, a name transformers 4 cannot load; both load the former).
+    recorded as ``PreTrainedTokenizerFast``: transformers 5 would write its internal name
+    ``TokenizersBackend``, which older releases do not know, and loads either name the same.
     """
     tokenizer.save_pretrained(directory, save_jinja_files=False)
     config_path = Path(directory) / "tokenizer_config.json"
