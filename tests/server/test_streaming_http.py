@@ -65,7 +65,7 @@ def test_non_streaming_client_disconnect_removes_the_row(server, render):
     body = _long_body(render, False)
     before = decode_steps(server.base_url)
     with pytest.raises(httpx.ReadTimeout):
-        httpx.post(f"{server.base_url}/v1/completions", json=body, timeout=0.5)
+        httpx.post(f"{server.base_url}/v1/completions", json=body, timeout=0.3)
     wait_until_engine_idle(server.base_url)
-    assert decode_steps(server.base_url) - before < 200
+    assert decode_steps(server.base_url) - before < 400  # well short of the 480 it would have run
     assert _finished_lines(server)[-1]["outcome"] == "client_disconnected"
