@@ -13,6 +13,9 @@ import json
 import os
 import platform
 import shutil
+import signal
+import socket
+import threading
 import time
 import uuid
 from dataclasses import asdict, dataclass
@@ -54,12 +57,14 @@ MODEL_FILES: tuple[str, ...] = (
 class DemoBuildConfig:
     """Every knob of the demo build. The defaults are the shipped demo model.
 
-    Tuned on 2 CPU cores (see the report in the commit): about 100 s of training, 0.7 M
-    parameters, reaching ~100 % held-out exact match on reverse / json / sort and well above
-    chance on addition. Width is the expensive knob here: at this budget a wider model gets
-    fewer optimizer steps and learns *less*; the copying circuits need steps, not width. The
-    large initialisation (0.08 instead of Hugging Face's 0.02) is what lets them form in
-    ~2000 steps instead of never.
+    Tuned on 2 quiet CPU cores: about 100-115 s of training (~17-19k tokens/s), 0.71 M
+    parameters, ~2 minutes for the whole build, and 96-100 % held-out exact match on every
+    family (seed 0). Under CPU contention the same build takes several times longer: the
+    tokens/s in demo_build.json tells which case a build was.
+
+    Width is the expensive knob: at this budget a wider model gets fewer optimizer steps and
+    learns *less*; the copying circuits need steps, not width. The large initialisation (0.08
+    instead of Hugging Face's 0.02) is what lets them form in ~2000 steps instead of never.
     """
 
     seed: int = 0
@@ -140,8 +145,10 @@ def build_demo_model(out_dir: Path, config: DemoBuildConfig, *, progress: bool =
     """Build the demo model into ``out_dir`` (must not exist, or be empty) and return it.
 
     Raises ``FileExistsError`` before doing any work if ``out_dir`` holds anything. Writes into
-    ``.<name>.building-*`` beside ``out_dir`` and renames it at the end; on any failure
-    (including KeyboardInterrupt) the temporary folder is removed and ``out_dir`` is untouched.
+    ``.<name>.building-<host>-<pid>-<random>`` beside ``out_dir`` and renames it at the end; on
+    any failure (an exception, Ctrl-C, or SIGTERM) the temporary folder is removed and
+    ``out_dir`` is untouched. Temporary folders left by builds that died harder (SIGKILL, power
+    loss) on this host are removed by the next build of the same ``out_dir``.
     ``progress`` shows a tqdm bar with step, loss and tokens/s.
     """
     out_dir = Path(out_dir)
@@ -149,23 +156,72 @@ def build_demo_model(out_dir: Path, config: DemoBuildConfig, *, progress: bool =
     if config.steps < 1 or config.batch_size < 1:
         raise ValueError("steps and batch_size must be positive")
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_dir.parent / f".{out_dir.name}.building-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
+    _remove_dead_builds(out_dir)
+    tmp = out_dir.parent / f"{_tmp_prefix(out_dir)}{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     started = time.perf_counter()
-    try:
-        with _hf_progress_bars(progress):
-            info = _build_into(tmp, config, progress=progress)
-        info["wall_seconds"] = round(time.perf_counter() - started, 2)
-        (tmp / BUILD_INFO_FILE).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
-        _make_readable(tmp)
-        _check_out_dir(out_dir)  # someone may have created it while we trained
-        if out_dir.exists():
-            out_dir.rmdir()  # exists and is empty: replace it
-        os.rename(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    with _sigterm_raises():
+        tmp.mkdir()
+        try:
+            with _hf_progress_bars(progress):
+                info = _build_into(tmp, config, progress=progress)
+            info["wall_seconds"] = round(time.perf_counter() - started, 2)
+            (tmp / BUILD_INFO_FILE).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
+            _make_readable(tmp)
+            _check_out_dir(out_dir)  # someone may have created it while we trained
+            if out_dir.exists():
+                out_dir.rmdir()  # exists and is empty: replace it
+            os.rename(tmp, out_dir)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
     return out_dir
+
+
+def _tmp_prefix(out_dir: Path) -> str:
+    return f".{out_dir.name}.building-"
+
+
+def _remove_dead_builds(out_dir: Path) -> None:
+    """Delete temporary folders of earlier builds of ``out_dir`` whose process is gone."""
+    prefix, host = _tmp_prefix(out_dir), socket.gethostname()
+    for path in out_dir.parent.glob(prefix + "*"):
+        parts = path.name[len(prefix) :].rsplit("-", 2)
+        if len(parts) != 3 or parts[0] != host or not parts[1].isdigit():
+            continue  # another host's build (shared disk), or not ours: leave it
+        pid = int(parts[1])
+        if pid == os.getpid():
+            continue
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+        except PermissionError:
+            pass  # alive, someone else's
+
+
+@contextlib.contextmanager
+def _sigterm_raises():
+    """While building, turn SIGTERM (``kill``, systemd, CI timeouts) into SystemExit.
+
+    Python's default SIGTERM action ends the process without unwinding, which would leave the
+    temporary folder behind; raising lets the cleanup run. Only from the main thread and only
+    when nobody else installed a handler; the previous handler is restored afterwards.
+    """
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) not in (
+        signal.SIG_DFL,
+        None,
+    ):
+        yield
+        return
+
+    def _raise(signum, frame):
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, _raise)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _make_readable(folder: Path) -> None:

@@ -2,6 +2,12 @@
 
 import hashlib
 import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -9,6 +15,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
 import aieng.demo.build as build_module
 from aieng.demo.build import BUILD_INFO_FILE, MODEL_FILES, DemoBuildConfig, build_demo_model
+
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def _sha256(path):
@@ -99,3 +108,39 @@ def test_failed_build_leaves_no_temp_dir_and_no_out_dir(tmp_path, monkeypatch):
         build_demo_model(out, DemoBuildConfig.tiny(steps=2), progress=False)
     assert not out.exists()
     assert _leftovers(tmp_path) == []
+
+
+def test_sigterm_during_a_build_leaves_nothing_behind(tmp_path):
+    out = tmp_path / "model"
+    script = (
+        "import sys; from pathlib import Path; from aieng.demo.build import DemoBuildConfig, build_demo_model; "
+        "build_demo_model(Path(sys.argv[1]), DemoBuildConfig.tiny(steps=100000), progress=False)"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script, str(out)], cwd=REPO_ROOT)
+    try:
+        deadline = time.monotonic() + 120
+        while not _leftovers(tmp_path):  # the temporary folder appears once the build starts
+            assert proc.poll() is None, "the build ended before it could be interrupted"
+            assert time.monotonic() < deadline, "the build never started"
+            time.sleep(0.1)
+        time.sleep(1.0)  # well into corpus generation or training
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert _leftovers(tmp_path) == []
+    assert not out.exists()
+
+
+def test_a_dead_builds_temporary_folder_is_removed_by_the_next_build(tmp_path):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = tmp_path / f".model.building-{socket.gethostname()}-{dead.pid}-deadbeef"
+    stale.mkdir()
+    (stale / "model.safetensors").write_bytes(b"half")
+    other_host = tmp_path / ".model.building-elsewhere-1-cafecafe"
+    other_host.mkdir()
+    build_demo_model(tmp_path / "model", DemoBuildConfig.tiny(steps=2), progress=False)
+    assert not stale.exists()
+    assert other_host.exists()  # not ours to judge
