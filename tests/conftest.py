@@ -60,3 +60,14 @@ def tiny_demo_dir(tmp_path_factory) -> Path:
     from aieng.demo.build import DemoBuildConfig, build_demo_model
 
     return build_demo_model(tmp_path_factory.mktemp("tiny-demo") / "model", DemoBuildConfig.tiny(), progress=False)
+
+
+@pytest.fixture(scope="module")
+def demo_store(tmp_path_factory, demo_model_dir):
+    """A temporary store serving the full demo model as demo@1 (current), one per test module."""
+    from aieng.store import ModelStore
+
+    store = ModelStore(tmp_path_factory.mktemp("demo-store"))
+    store.register(demo_model_dir, "demo", "1")
+    store.promote("demo", "1")
+    return store

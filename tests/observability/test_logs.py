@@ -16,8 +16,8 @@ def lines(proc):
 
 
 @pytest.fixture(scope="module")
-def sampled_server(obs_store):
-    with ServerProcess(store=obs_store.root, extra_args=["--workers", "1"],
+def sampled_server(demo_store):
+    with ServerProcess(store=demo_store.root, extra_args=["--workers", "1"],
                        env={"AIENG_LOG_PAYLOAD_SAMPLE": "1.0"}) as proc:
         yield proc
 

@@ -5,17 +5,13 @@ from papermill.exceptions import PapermillExecutionError
 
 from aieng.runbooks import execute
 from aieng.server.launcher import ServerProcess
-from aieng.store import ModelStore
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def live_server(tmp_path_factory, demo_model_dir):
-    store = ModelStore(tmp_path_factory.mktemp("ops-store"))
-    store.register(demo_model_dir, "demo", "1")
-    store.promote("demo", "1")
-    with ServerProcess(store=store.root, extra_args=["--workers", "1"]) as proc:
+def live_server(demo_store):
+    with ServerProcess(store=demo_store.root, extra_args=["--workers", "1"]) as proc:
         yield proc
 
 

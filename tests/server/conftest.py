@@ -5,15 +5,6 @@ from __future__ import annotations
 import pytest
 
 from aieng.server.launcher import ServerProcess
-from aieng.store import ModelStore
-
-
-@pytest.fixture(scope="module")
-def demo_store(tmp_path_factory, demo_model_dir):
-    store = ModelStore(tmp_path_factory.mktemp("server-store"))
-    store.register(demo_model_dir, "demo", "1")
-    store.promote("demo", "1")
-    return store
 
 
 @pytest.fixture(scope="module")
