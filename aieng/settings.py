@@ -23,6 +23,7 @@ class Settings:
     host: str = "127.0.0.1"  # AIENG_HOST: loopback by default; set 0.0.0.0 behind a proxy deliberately
     port: int = 8000  # AIENG_PORT
     workers: str = "auto"  # AIENG_WORKERS: "auto" or a count
+    torch_threads: int = 0  # AIENG_TORCH_THREADS: torch threads per worker; 0 = cores // workers
     device: str = "auto"  # AIENG_DEVICE: auto | cpu | cuda | cuda:N
     dtype: str = "auto"  # AIENG_DTYPE: auto (fp32 on CPU, bf16 on CUDA when supported) | float32 | bfloat16 | float16
     gpu_memory_fraction: float = 0.9  # AIENG_GPU_MEMORY_FRACTION: share of GPU memory the weights may plan to use
@@ -36,7 +37,7 @@ class Settings:
     request_timeout_s: float = 300.0  # AIENG_REQUEST_TIMEOUT_S: deadline of requests that set no `timeout`
     graceful_timeout_s: int = 30  # AIENG_GRACEFUL_TIMEOUT_S: in-flight requests' time to finish after SIGTERM
     drain_delay_s: float = 1.0  # AIENG_DRAIN_DELAY_S: readiness is 503 this long before the listener closes
-    compile: bool = False  # AIENG_COMPILE: torch.compile the forward pass
+    compile: bool = True  # AIENG_COMPILE: torch.compile the decode step during warm-up (0 = eager, fast start)
     int8: bool = False  # AIENG_INT8: dynamic int8 Linear layers (CPU)
     metrics: bool = True  # AIENG_METRICS: record Prometheus metrics (off only to measure their cost)
     log_payload_sample: float = 0.0  # AIENG_LOG_PAYLOAD_SAMPLE: share of requests whose prompt and output are logged
@@ -56,7 +57,7 @@ class Settings:
 
 
 def _coerce(name: str, raw: str):
-    kinds = {"store": Path, "port": int, "gpu_memory_fraction": float, "memory_headroom": float, "max_body_bytes": int,
+    kinds = {"store": Path, "port": int, "torch_threads": int, "gpu_memory_fraction": float, "memory_headroom": float, "max_body_bytes": int,
              "max_batch_size": int, "max_batch_tokens": int, "max_queue": int, "max_queue_delay_ms": float,
              "request_timeout_s": float, "graceful_timeout_s": int, "drain_delay_s": float,
              "compile": _flag, "int8": _flag, "metrics": _flag, "log_payload_sample": _rate}

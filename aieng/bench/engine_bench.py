@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 
@@ -37,6 +37,11 @@ class EngineBenchResult:
     repeats: int
     model: str
     threads: int
+    compile: bool = False
+    int8: bool = False
+    warmup_s: float = 0.0  # engine.warmup(), which includes torch.compile when on
+    eager_b1_tok_s: float | None = None  # with --compile: the same loop uncompiled, measured in the same run
+    eager_b32_tok_s: float | None = None
 
     def to_dict(self) -> dict:
         return {k: round(v, 3) if isinstance(v, float) else v for k, v in asdict(self).items()}
@@ -85,13 +90,14 @@ def run_engine_bench(model, tokenizer, *, new_tokens: int = 32, repeats: int = 3
                 model.generate(**enc, **hf_kwargs)
 
     engine = Engine(model, tokenizer, config=engine_config)
+    warmup_s = engine.warmup()
     ids1 = [engine.encode(p) for p in prompts1]
 
-    def run_aieng(batch):
+    def run_aieng(batch, on=engine):
         if batch == 1:
-            return lambda: [engine.generate([ids], greedy) for ids in ids1]
-        ids = [engine.encode(p) for p in render_prompts(tokenizer, batch)]
-        return lambda: engine.generate(ids, greedy)
+            return lambda: [on.generate([ids], greedy) for ids in ids1]
+        ids = [on.encode(p) for p in render_prompts(tokenizer, batch)]
+        return lambda: on.generate(ids, greedy)
 
     tokens1 = new_tokens * len(prompts1)
     pipe_s = _median_time(run_pipeline, repeats); tick()
@@ -101,8 +107,15 @@ def run_engine_bench(model, tokenizer, *, new_tokens: int = 32, repeats: int = 3
     b32_s = _median_time(run_aieng(32), repeats); tick()
     pipe, gen, b1 = tokens1 / pipe_s, tokens1 / gen_s, tokens1 / b1_s
     b32 = 32 * new_tokens / b32_s
+    eager_b1 = eager_b32 = None
+    if engine.compiled:
+        eager = Engine(engine.model, tokenizer, config=replace(engine_config, compile=False, quantize_int8=False))
+        eager_b1 = tokens1 / _median_time(run_aieng(1, eager), repeats); tick()
+        eager_b32 = 32 * new_tokens / _median_time(run_aieng(32, eager), repeats); tick()
     return EngineBenchResult(
         hf_pipeline_tok_s=pipe, hf_generate_tok_s=gen, aieng_b1_tok_s=b1, aieng_b8_tok_s=8 * new_tokens / b8_s,
         aieng_b32_tok_s=b32, ratio_vs_generate=b1 / gen, ratio_vs_pipeline=b1 / pipe, b32_over_b1=b32 / b1,
         new_tokens=new_tokens, repeats=repeats, model=label, threads=torch.get_num_threads(),
+        compile=engine.compiled, int8=engine_config.quantize_int8, warmup_s=warmup_s,
+        eager_b1_tok_s=eager_b1, eager_b32_tok_s=eager_b32,
     )

@@ -22,7 +22,9 @@ def add_parser(sub) -> None:
     p.add_argument("--model", default=None, metavar="PATH|N[@V]", help="a model folder or a store reference (default: $AIENG_MODEL)")
     p.add_argument("--new-tokens", type=int, default=32)
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--compile", action="store_true", help="torch.compile the aieng forward pass")
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
+                   help="torch.compile the aieng decode step, as `aieng serve` does by default (on); the eager "
+                        "loop is measured too, in the same run, and reported as eager_*")
     p.add_argument("--int8", action="store_true", help="dynamic int8 quantization of Linear layers (CPU)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(handler=_engine)
@@ -69,7 +71,7 @@ def _engine(args: argparse.Namespace) -> int:
     from aieng.engine.engine import EngineConfig
 
     loaded, label = load_for_bench(args)
-    with tqdm(total=5, desc="bench engine", unit="method", disable=args.json) as bar:
+    with tqdm(total=7 if args.compile else 5, desc="bench engine", unit="method", disable=args.json) as bar:
         result = run_engine_bench(loaded.model, loaded.tokenizer, new_tokens=args.new_tokens, repeats=args.repeats,
                                   label=label, engine_config=EngineConfig(compile=args.compile, quantize_int8=args.int8),
                                   progress=bar)
@@ -83,10 +85,15 @@ def _engine(args: argparse.Namespace) -> int:
     print(f"  ratio_vs_generate    {data['ratio_vs_generate']:.2f}  (target >= 1.4)")
     print(f"  ratio_vs_pipeline    {data['ratio_vs_pipeline']:.2f}  (target >= 1.5)")
     print(f"  b32 / b1             {data['b32_over_b1']:.2f}  (target >= 8)")
+    print(f"  warm-up              {data['warmup_s']:.1f} s" + (" (includes torch.compile)" if data["compile"] else ""))
+    if data["eager_b1_tok_s"]:
+        print(f"  compile speed-up     b1 {data['aieng_b1_tok_s'] / data['eager_b1_tok_s']:.2f}x, "
+              f"b32 {data['aieng_b32_tok_s'] / data['eager_b32_tok_s']:.2f}x (against the eager loop, same run)")
     return 0
 
 
 def _serve(args: argparse.Namespace) -> int:
+    import logging
     import sys
     from datetime import datetime, timezone
 
@@ -96,6 +103,7 @@ def _serve(args: argparse.Namespace) -> int:
     from aieng.bench.serve_bench import ServeBenchConfig, format_table, run_serve_bench
     from aieng.store import ModelRef, ModelStore, parse_ref
 
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per request would bury the table
     settings = settings_from(args)
     store = ModelStore(settings.store)
     ref = parse_ref(args.model or settings.model)

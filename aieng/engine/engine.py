@@ -44,7 +44,7 @@ class OutOfMemoryRowError(AiengError):
 @dataclass(frozen=True)
 class EngineConfig:
     max_batch_size: int = 64  # rows decoded together at most
-    compile: bool = False  # torch.compile the forward pass (measured in notebook 03; off by default)
+    compile: bool = False  # torch.compile the decode forward (see `_compile_decode`); `aieng serve` turns it on
     quantize_int8: bool = False  # dynamic int8 Linear layers on CPU (measured; off by default)
     warmup_prompt_lengths: tuple[int, ...] = (8, 32, 128)
     warmup_batch_sizes: tuple[int, ...] = (1, 8)
@@ -97,12 +97,14 @@ class Engine:
         self.eos_ids = _eos_ids(model, tokenizer)
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(self.eos_ids), 0)
         self.pad_id = int(pad)
-        self._forward = torch.compile(self.model.forward, dynamic=True) if config.compile else self.model.forward
+        self._compiled_forward = _compile_forward(self.model) if config.compile else None
+        self.compiled = config.compile
+        self._warmed = False  # compiled graphs exist for every decode form: guards may be skipped
         self._cache_kwarg = _cache_kwarg(self.model)
         _refuse_sliding_window(model.config)
         self.batch: KVBatch | None = None
         self.rows: list[_Row] = []
-        self.stats = {"prefill_calls": 0, "decode_steps": 0, "oom_splits": 0}
+        self.stats = {"prefill_calls": 0, "decode_steps": 0, "oom_splits": 0, "rewarms": 0, "compile_fallbacks": 0}
         self.last_timings: tuple[float | None, float | None, int] = (None, None, 0)
 
     # -- requests ------------------------------------------------------------------------------
@@ -122,6 +124,9 @@ class Engine:
         return [row.request_id for row in self.rows]
 
     # -- the two steps -------------------------------------------------------------------------
+    # The batch's tensors are all created under inference_mode (the cache is an input of the
+    # compiled decode graph, and a tensor's inference-ness is part of what that graph was built for).
+    @torch.inference_mode()
     def prefill(self, requests: Sequence[GenerationRequest]) -> list[TokenEvent]:
         """Run the prompts of ``requests`` together, sample their first tokens, join the batch.
 
@@ -146,6 +151,7 @@ class Engine:
             half = len(requests) // 2
             return self.prefill(requests[:half]) + self.prefill(requests[half:])
 
+    @torch.inference_mode()
     def decode(self) -> list[TokenEvent]:
         """One decode step for every running row."""
         if not self.rows:
@@ -167,6 +173,7 @@ class Engine:
         self.last_timings = (middle - start if joiners else None, time.perf_counter() - middle if rows else None, rows)
         return events
 
+    @torch.inference_mode()
     def remove(self, request_ids: Sequence[str]) -> list[str]:
         """Drop rows (cancelled, timed out); returns the ids that were running."""
         doomed = set(request_ids)
@@ -224,6 +231,7 @@ class Engine:
                 length = min(length, self.context_length - 2)
                 prompts = [torch.randint(0, vocab, (length,), generator=generator).tolist() for _ in range(batch_size)]
                 self.generate(prompts, params)
+        self._warmed = True
         return time.perf_counter() - start
 
     # -- internals -----------------------------------------------------------------------------
@@ -236,6 +244,8 @@ class Engine:
 
     def _prefill_group(self, requests: list[GenerationRequest]) -> list[TokenEvent]:
         longest = max(len(r.prompt_ids) for r in requests)
+        if self.compiled:
+            longest = max(longest, 2)  # a 1-token prompt gets one pad column: length 1 would be a graph of its own
         input_ids = torch.full((len(requests), longest), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(requests), longest), dtype=torch.long)
         for i, request in enumerate(requests):  # left padding: prompts end in the last column
@@ -247,11 +257,17 @@ class Engine:
         from transformers import DynamicCache
 
         cache = DynamicCache()
-        with torch.inference_mode():
-            out = self._forward(input_ids=input_ids, attention_mask=mask if bool((mask == 0).any()) else None,
+        # Compiled: always a mask, so padded and unpadded groups share a graph.
+        pass_mask = self.compiled or bool((mask == 0).any())
+        try:
+            out = self._forward(input_ids=input_ids, attention_mask=mask if pass_mask else None,
                                 position_ids=positions, use_cache=True, logits_to_keep=1, **{self._cache_kwarg: cache})
+        except Exception as exc:
+            if not self._recover_from_compile_error(exc):
+                raise
+            return self._prefill_group(requests)  # nothing was kept from the failed call: start over
         self.stats["prefill_calls"] += 1
-        new_batch = KVBatch(cache, mask, mask.sum(-1))  # the model filled `cache` in place
+        new_batch = KVBatch(cache, mask, mask.sum(-1)).make_contiguous()  # the model filled `cache` in place
         new_rows = [self._new_row(r) for r in requests]
         events, alive = self._consume(out.logits[:, -1, :], new_rows)
         if len(alive) < len(new_rows):
@@ -266,17 +282,20 @@ class Engine:
         try:
             input_ids = torch.tensor([[row.last_token] for row in rows], dtype=torch.long, device=self.device)  # [B, 1]
             mask = None
-            if batch.padded:
+            # Compiled: every multi-row step carries a mask, so one graph serves padded and unpadded
+            # batches (a None-or-tensor argument would be a second graph and a second compile).
+            if batch.padded or (self.compiled and batch.size > 1):
                 mask = torch.cat([batch.mask, torch.ones((batch.size, 1), dtype=batch.mask.dtype,
                                                          device=batch.mask.device)], dim=1)  # [B, T+1]
-            with torch.inference_mode():
-                out = self._forward(input_ids=input_ids, attention_mask=mask, position_ids=batch.next_pos[:, None],
-                                    use_cache=True, **{self._cache_kwarg: batch.cache})
+            out = self._forward(input_ids=input_ids, attention_mask=mask, position_ids=batch.next_pos[:, None],
+                                use_cache=True, **{self._cache_kwarg: batch.cache})
         except Exception as exc:
-            if not is_out_of_memory(exc):
-                raise
             for layer, (keys, values) in zip(batch.cache.layers, snapshot):  # undo a half-applied step
                 layer.keys, layer.values = keys, values
+            if self._recover_from_compile_error(exc):
+                return self._decode_rows(batch, rows)
+            if not is_out_of_memory(exc):
+                raise
             release_cached_memory(self.device)
             self.stats["oom_splits"] += 1
             log.warning("out of memory in a decode step of %d rows; splitting", len(rows),
@@ -336,6 +355,40 @@ class Engine:
                           completion_tokens=len(row.generated),
                           token_ids=tuple(row.generated) if finish is not None else ())
 
+    def _forward(self, **inputs):
+        """The model's forward: compiled (guards skipped once warm) or eager."""
+        if not self.compiled:
+            return self.model.forward(**inputs)
+        if self._warmed:
+            with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
+                return self._compiled_forward(**inputs)
+        return self._compiled_forward(**inputs)
+
+    def _recover_from_compile_error(self, exc: BaseException) -> bool:
+        """True when ``exc`` came from torch.compile and the call may simply be retried."""
+        if not self.compiled or is_out_of_memory(exc):
+            return False
+        if self._warmed and "skip_guard_eval_unsafe" in str(exc):
+            self._rewarm(exc)
+        else:
+            self._fall_back_to_eager(exc)
+        return True
+
+    def _rewarm(self, exc: BaseException) -> None:
+        """A shape warm-up did not cover: evaluate all guards again (and compile it)."""
+        log.warning("a forward call needed a graph warm-up did not compile (%s); guards are evaluated in full "
+                    "from now on", str(exc).splitlines()[0], extra={"event": "engine_compile_rewarm"})
+        self.stats["rewarms"] += 1
+        self._warmed = False
+
+    def _fall_back_to_eager(self, exc: BaseException) -> None:
+        """A model torch.compile cannot handle still serves, eagerly; say so once, loudly."""
+        log.warning("torch.compile failed for this model (%s: %s); continuing eagerly",
+                    type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "",
+                    extra={"event": "engine_compile_fallback"})
+        self.stats["compile_fallbacks"] += 1
+        self.compiled = False
+
     def _keep(self, indices: list[int]) -> None:
         self.rows = [self.rows[i] for i in indices]
         self.batch = self.batch.select(indices) if indices else None
@@ -353,12 +406,31 @@ class Engine:
 def _prepare_model(model, config: EngineConfig):
     model.eval()
     if config.quantize_int8:
-        if next(model.parameters()).device.type != "cpu":
-            raise InvalidRequestError("int8 dynamic quantization is a CPU option; on CUDA use bf16 or fp16")
-        from torch.ao.quantization import quantize_dynamic
+        from aieng.engine.quantize import quantize_int8
 
-        model = quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
+        model = quantize_int8(model)
     return model
+
+
+def _compile_forward(model):
+    """``torch.compile`` the model's forward for prefill and decode.
+
+    Why: on a small model a step's time is mostly Python and operator dispatch, which the compiled
+    graph removes (``aieng bench engine`` measures it against the eager loop in the same run).
+    ``dynamic=True`` keeps batch size, prompt length and KV length symbolic, so the engine needs a
+    handful of graphs, all compiled during ``warmup()``: prefill and decode, each for one row and
+    for several (dynamo specialises size 1). To keep it to that handful, compiled calls always pass
+    an attention mask (None-or-tensor would double the graphs), prompts shorter than 2 tokens are
+    padded to 2, and cache tensors are always contiguous (``KVBatch.make_contiguous``). Inductor's
+    on-disk cache makes later starts faster.
+
+    ``cpp_wrapper`` generates the code that calls the kernels in C++ instead of Python, and after
+    ``warmup()`` calls run under ``skip_guard_eval_unsafe`` (only the guards that tell the warmed
+    graphs apart are evaluated). At batch 1 each roughly halves what is left of a decode step on
+    the demo model. Should a call still need a new graph, the engine turns full guards back on
+    (``_rewarm``); ``tests/engine/test_compile.py`` checks that a mixed schedule needs none.
+    """
+    return torch.compile(model.forward, dynamic=True, options={"cpp_wrapper": True})
 
 
 def _refuse_sliding_window(config) -> None:

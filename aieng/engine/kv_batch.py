@@ -38,10 +38,14 @@ class KVBatch:
     def length(self) -> int:
         return int(self.mask.shape[1])
 
+    _padded: bool | None = None  # cached: the check is a tensor reduction and a sync, once per step otherwise
+
     @property
     def padded(self) -> bool:
         """True when some row has left padding (then the model needs the attention mask)."""
-        return bool((self.mask == 0).any())
+        if self._padded is None:
+            self._padded = bool((self.mask == 0).any())
+        return self._padded
 
     def select(self, indices: list[int]) -> "KVBatch":
         """A new batch with only ``indices`` (in that order), trimmed of all-padding columns."""
@@ -61,10 +65,24 @@ class KVBatch:
         real_columns = self.mask.any(dim=0).nonzero()
         first = int(real_columns[0]) if len(real_columns) else self.length
         if first > 0:
-            self.mask = self.mask[:, first:]
+            self._padded = None
+            self.mask = self.mask[:, first:].contiguous()
             for layer in self.cache.layers:
                 layer.keys = layer.keys[:, :, first:, :]
                 layer.values = layer.values[:, :, first:, :]
+            self.make_contiguous()
+
+    def make_contiguous(self) -> "KVBatch":
+        """Give every cache tensor the plain contiguous layout.
+
+        A prefill leaves keys as a transposed view and ``trim`` as a slice; decode steps are always
+        handed contiguous tensors, so a compiled decode graph (which is specialised on strides)
+        sees one layout whatever the batch's history. The copy happens only on prefill and trim.
+        """
+        for layer in self.cache.layers:
+            layer.keys = layer.keys.contiguous()
+            layer.values = layer.values.contiguous()
+        return self
 
     def append_column(self) -> None:
         """Account for the token a decode step just wrote for every row."""
@@ -96,6 +114,7 @@ class KVBatch:
             layer.keys = torch.cat([pad, layer.keys], dim=2)
             layer.values = torch.cat([pad, layer.values], dim=2)
         self.mask = torch.cat([self.mask.new_zeros((self.size, extra)), self.mask], dim=1)
+        self._padded = None
         return self
 
     def nbytes(self) -> int:

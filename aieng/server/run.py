@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 
+from dataclasses import replace
 import psutil
 from gunicorn.app.base import BaseApplication
 
@@ -17,6 +18,7 @@ from aieng.scheduler import SchedulerConfig
 from aieng.server.app import create_app
 from aieng.server.runtime import Runtime, RuntimeConfig, _wants_cuda
 from aieng.server.workers import WorkerPlan, plan_workers
+from aieng.errors import ConfigError
 from aieng.settings import Settings
 
 log = logging.getLogger("aieng.server")
@@ -74,6 +76,11 @@ def serve(settings: Settings) -> None:
     runtime = build_runtime(settings)
     runtime.prepare()  # raises AiengError (verification, memory budget, remote code) before any fork
     plan = worker_plan(settings, runtime)
+    if settings.torch_threads < 0:
+        raise ConfigError(f"torch threads must be >= 0 (0 = cores // workers), got {settings.torch_threads}")
+    if settings.torch_threads:
+        plan = replace(plan, torch_threads=settings.torch_threads,
+                       reason=plan.reason + f"; torch threads set to {settings.torch_threads}")
     runtime.config.torch_threads = plan.torch_threads
     log.info("serving %s@%s on http://%s:%d with %d worker(s) x %d torch thread(s): %s", runtime.model_name,
              runtime.model_version, settings.host, settings.port, plan.workers, plan.torch_threads, plan.reason)

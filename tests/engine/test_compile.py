@@ -1,0 +1,95 @@
+"""The compiled forward (what `aieng serve` runs by default): same tokens as eager, no graph
+compiled after warm-up whatever the batch does, and a clean fall-back when compile fails."""
+
+import random
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+from aieng.engine import SamplingParams
+from aieng.engine.engine import Engine, EngineConfig, GenerationRequest
+
+TASKS = ["reverse: apple stone river", "add: 27+58", "json: name=ana age=31 city=oslo", "sort: river apple stone",
+         "reverse: boat door glass milk road", "sort: zoo oak moon king", "add: 3+4", "json: color=red score=7"]
+
+
+def run_schedule(engine: Engine, render, seed: int = 0, steps: int = 120) -> dict[str, list[int]]:
+    """Rows join in groups of mixed prompt lengths (one prompt of a single token), some are
+    cancelled, the rest run to max_tokens."""
+    rng = random.Random(seed)
+    produced: dict[str, list[int]] = {}
+    for step in range(steps):
+        if step % 7 == 0:
+            group = []
+            for i in range(rng.randint(1, 5)):
+                rid = f"s{step}-{i}"
+                produced[rid] = []
+                params = SamplingParams(max_tokens=rng.randint(2, 30), temperature=0, ignore_eos=True)
+                ids = engine.encode(render(rng.choice(TASKS)))
+                group.append(GenerationRequest(rid, ids[:1] if step == 14 and i == 0 else ids, params))
+            events = engine.prefill(group)
+        else:
+            events = []
+        if step % 11 == 5 and engine.num_running > 1:
+            engine.remove(engine.running_ids()[:1])
+        events += engine.decode()
+        for event in events:
+            produced[event.request_id].append(event.token_id)
+    engine.remove(engine.running_ids())
+    return produced
+
+
+@pytest.fixture(scope="module")
+def compiled_engine(demo):
+    model, tokenizer = demo
+    engine = Engine(model, tokenizer, config=EngineConfig(compile=True))
+    engine.warmup()
+    return engine
+
+
+def test_compiled_decode_matches_eager_and_compiles_nothing_after_warmup(compiled_engine, demo, render):
+    model, tokenizer = demo
+    graphs_after_warmup = counters["stats"]["unique_graphs"]
+    compiled = run_schedule(compiled_engine, render)
+    eager = run_schedule(Engine(model, tokenizer), render)
+    assert compiled == eager
+    assert compiled_engine.compiled
+    assert compiled_engine.stats["rewarms"] == 0 and compiled_engine.stats["compile_fallbacks"] == 0
+    assert counters["stats"]["unique_graphs"] == graphs_after_warmup, "a decode step compiled a new graph"
+
+
+def test_a_decode_form_warmup_missed_turns_full_guards_back_on(compiled_engine, render):
+    real = compiled_engine._compiled_forward
+    calls = {"n": 0}
+
+    def flaky(**kwargs):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("Recompilation triggered with skip_guard_eval_unsafe stance.")
+        return real(**kwargs)
+
+    compiled_engine._compiled_forward = flaky
+    try:
+        out = compiled_engine.generate([render(TASKS[0])], SamplingParams(max_tokens=6, temperature=0))[0]
+    finally:
+        compiled_engine._compiled_forward = real
+        compiled_engine._warmed = True
+    assert out.completion_tokens == 6 or out.finish_reason == "stop"
+    assert compiled_engine.stats["rewarms"] == 1 and compiled_engine.compiled
+
+
+def test_compile_failure_falls_back_to_eager_and_keeps_serving(demo, render, caplog):
+    model, tokenizer = demo
+    engine = Engine(model, tokenizer, config=EngineConfig(compile=True))
+
+    def broken(**kwargs):
+        raise torch._dynamo.exc.Unsupported("this model cannot be traced")  # what a failed trace raises
+
+    engine._compiled_forward = broken
+    params = SamplingParams(max_tokens=8, temperature=0)
+    got = engine.generate([render(TASKS[1])], params)[0]
+    want = Engine(model, tokenizer).generate([render(TASKS[1])], params)[0]
+    assert got.token_ids == want.token_ids
+    assert not engine.compiled and engine.stats["compile_fallbacks"] == 1
+    assert any("continuing eagerly" in r.getMessage() for r in caplog.records)
