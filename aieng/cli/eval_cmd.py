@@ -15,6 +15,9 @@ def add_parser(sub) -> None:
                                    "print the metrics and record them in the version's manifest under `eval`.")
     p.add_argument("ref", metavar="N[@V]")
     p.add_argument("--n-per-family", type=int, default=50, help="held-out prompts per task family (default 50)")
+    p.add_argument("--int8", action="store_true",
+                   help="evaluate with int8 dynamic quantization (CPU) and record the accuracy delta against the "
+                        "recorded full-precision result under eval.variants.int8")
     p.add_argument("--json", action="store_true", help="print the metrics as JSON")
     p.set_defaults(handler=_eval)
 
@@ -26,7 +29,7 @@ def _eval(args: argparse.Namespace) -> int:
 
     settings = settings_from(args)
     result = evaluate_version(ModelStore(settings.store), parse_ref(args.ref), LoadConfig.from_settings(settings),
-                              n_per_family=args.n_per_family)
+                              n_per_family=args.n_per_family, int8=args.int8)
     if args.json:
         print_json(result)
         return 0
@@ -34,5 +37,11 @@ def _eval(args: argparse.Namespace) -> int:
     for family, accuracy in result["metrics"]["accuracy"].items():
         print(f"  {family:12} exact match {accuracy:6.1%}")
     print(f"  {'perplexity':12} {result['metrics']['perplexity']:.3f}")
+    if args.int8:
+        delta = result["delta"]
+        print("  int8 delta   " + ", ".join(f"{f} {d:+.1%}" for f, d in delta["accuracy"].items())
+              + f", perplexity {delta['perplexity']:+.3f}")
+        print("written to the manifest's `eval.variants.int8` field")
+        return 0
     print("written to the manifest's `eval` field")
     return 0

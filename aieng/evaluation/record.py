@@ -10,16 +10,28 @@ from datetime import datetime, timezone
 from aieng.evaluation.suite import evaluate
 from aieng.loading.loader import LoadConfig, load_version
 from aieng.store import ModelRef, ModelStore
+from aieng.errors import StoreError
 
 
 def evaluate_version(store: ModelStore, ref: ModelRef, config: LoadConfig = LoadConfig(), *,
-                     n_per_family: int = 50) -> dict:
+                     n_per_family: int = 50, int8: bool = False) -> dict:
     """Load ``ref`` (hash-verified), run the held-out suite, write ``eval`` into its manifest.
 
-    Returns the manifest entry plus ``name`` and ``version``.
+    Returns the manifest entry plus ``name`` and ``version``. With ``int8`` the model is
+    quantized first and the result goes to ``eval.variants.int8`` with its ``delta`` against the
+    recorded full-precision metrics (which must exist and are left as they are).
     """
     loaded = load_version(store, ref, config)
-    report = evaluate(loaded.model, loaded.tokenizer, n_per_family=n_per_family)
+    model = loaded.model
+    if int8:
+        base = (loaded.manifest.eval or {}) if loaded.manifest else {}
+        if "metrics" not in base:
+            raise StoreError(f"{ref.name}@{loaded.version} has no recorded evaluation to compare int8 against; "
+                             f"run `aieng eval {ref.name}@{loaded.version}` first")
+        from aieng.engine.quantize import quantize_int8
+
+        model = quantize_int8(model)
+    report = evaluate(model, loaded.tokenizer, n_per_family=n_per_family)
     entry = {
         "suite": report.suite,
         "metrics": {"accuracy": report.accuracy, "perplexity": report.perplexity},
@@ -27,5 +39,17 @@ def evaluate_version(store: ModelStore, ref: ModelRef, config: LoadConfig = Load
         "seconds": round(report.seconds, 2),
         "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
+    if int8:
+        metrics = base["metrics"]
+        entry["delta"] = {
+            "accuracy": {family: round(report.accuracy[family] - metrics["accuracy"].get(family, 0.0), 4)
+                         for family in report.accuracy},
+            "perplexity": round(report.perplexity - metrics["perplexity"], 4),
+        }
+        entry = {**base, "variants": {**base.get("variants", {}), "int8": entry}}
+        store.update_manifest(ModelRef(ref.name, loaded.version), eval=entry)
+        return {"name": ref.name, "version": loaded.version, "int8": True, **entry["variants"]["int8"]}
+    if loaded.manifest and (loaded.manifest.eval or {}).get("variants"):
+        entry["variants"] = loaded.manifest.eval["variants"]  # measured against the earlier numbers
     store.update_manifest(ModelRef(ref.name, loaded.version), eval=entry)
     return {"name": ref.name, "version": loaded.version, **entry}

@@ -36,7 +36,7 @@ class DrainingServer(Server):
 
 
 class AiengUvicornWorker(UvicornWorker):
-    CONFIG_KWARGS = {"loop": "asyncio", "http": "h11", "lifespan": "on"}
+    CONFIG_KWARGS = {"loop": "uvloop", "http": "httptools", "lifespan": "on"}
 
     async def _serve(self) -> None:
         self.config.app = self.wsgi

@@ -1,0 +1,36 @@
+"""`aieng eval` bookkeeping: the full-precision result, then the int8 variant and its delta."""
+
+import pytest
+
+from aieng.errors import StoreError
+from aieng.evaluation.record import evaluate_version
+from aieng.store import ModelRef, ModelStore
+
+
+@pytest.fixture()
+def store(tmp_path, tiny_demo_dir):
+    store = ModelStore(tmp_path / "store")
+    store.register(tiny_demo_dir, "tiny", "1")
+    return store
+
+
+def test_int8_needs_a_full_precision_result_first(store):
+    with pytest.raises(StoreError, match="aieng eval tiny@1"):
+        evaluate_version(store, ModelRef("tiny", "1"), n_per_family=2, int8=True)
+    assert store.manifest(ModelRef("tiny", "1")).eval is None
+
+
+def test_int8_result_and_delta_are_recorded_beside_the_full_precision_one(store):
+    ref = ModelRef("tiny", "1")
+    base = evaluate_version(store, ref, n_per_family=4)
+    result = evaluate_version(store, ref, n_per_family=4, int8=True)
+    recorded = store.manifest(ref).eval
+    assert recorded["metrics"] == base["metrics"]  # the full-precision numbers are left alone
+    int8 = recorded["variants"]["int8"]
+    for family, accuracy in int8["metrics"]["accuracy"].items():
+        assert int8["delta"]["accuracy"][family] == pytest.approx(accuracy - base["metrics"]["accuracy"][family], abs=1e-4)
+    assert int8["delta"]["perplexity"] == pytest.approx(int8["metrics"]["perplexity"] - base["metrics"]["perplexity"],
+                                                        abs=1e-3)
+    assert result["int8"] is True
+    again = evaluate_version(store, ref, n_per_family=4)  # re-running full precision keeps the variant
+    assert store.manifest(ref).eval["variants"]["int8"] == int8 and again["variants"]["int8"] == int8
