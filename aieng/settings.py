@@ -23,7 +23,7 @@ class Settings:
     host: str = "127.0.0.1"  # AIENG_HOST: loopback by default; set 0.0.0.0 behind a proxy deliberately
     port: int = 8000  # AIENG_PORT
     workers: str = "auto"  # AIENG_WORKERS: "auto" or a count
-    torch_threads: int = 0  # AIENG_TORCH_THREADS: torch threads per worker; 0 = cores // workers
+    torch_threads: int = 0  # AIENG_TORCH_THREADS: torch threads per worker; 0 = the worker plan decides
     device: str = "auto"  # AIENG_DEVICE: auto | cpu | cuda | cuda:N
     dtype: str = "auto"  # AIENG_DTYPE: auto (fp32 on CPU, bf16 on CUDA when supported) | float32 | bfloat16 | float16
     gpu_memory_fraction: float = 0.9  # AIENG_GPU_MEMORY_FRACTION: share of GPU memory the weights may plan to use

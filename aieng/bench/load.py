@@ -87,9 +87,13 @@ async def _one(client: httpx.AsyncClient, url: str, body: dict) -> RequestSample
 
 
 def _plain_content_chunk(line: str) -> bool:
-    """A mid-stream chunk: one choice, not finished, no usage or error. Counting it needs no parse."""
-    return ('"finish_reason":null' in line or '"finish_reason": null' in line) and '"usage"' not in line \
-        and '"error"' not in line and '"text":""' not in line and '"content":""' not in line
+    """A mid-stream chunk: not finished, no usage or error, non-empty text. Counting it needs no parse.
+
+    Works for both servers the bench drives: aieng writes ``"finish_reason":null`` mid-stream,
+    transformers serve leaves the key out; a finished chunk has a quoted reason either way.
+    """
+    return not any(marker in line for marker in ('"finish_reason":"', '"finish_reason": "', '"usage"', '"error"',
+                                                 '"text":""', '"text": ""', '"content":""', '"content": ""'))
 
 
 async def run_load_async(base_url: str, bodies: list[dict], *, concurrency: int, route: str = "/v1/completions",

@@ -38,7 +38,7 @@ Settings (environment variable, overridden by the flag):
                              back to eager with a warning.
   AIENG_INT8                 int8 dynamic quantization of Linear layers, CPU only (0; measured slower
                              on small models, see `aieng bench engine --int8`)
-  AIENG_TORCH_THREADS        torch threads per worker (0 = cores // workers)
+  AIENG_TORCH_THREADS        torch threads per worker (0 = the --workers auto rule below)
   AIENG_METRICS              record Prometheus metrics at /metrics (1; 0 only to measure their cost)
   AIENG_LOG_PAYLOAD_SAMPLE   share of requests whose prompt and output are logged, in [0, 1] (0)
   AIENG_LOG_LEVEL            debug | info | warning | error (info); logs are JSON lines on stderr
@@ -47,8 +47,8 @@ Settings (environment variable, overridden by the flag):
   CUDA: one worker per GPU (a CUDA context per process; batching inside one process uses the
   GPU better). CPU: workers = min(cores // 2, memory fit) where memory fit =
   (available RAM - weights) // (per-worker overhead + KV cache at max batch); weights count once
-  because preload shares them. Torch threads per worker = cores // workers, so that
-  workers x threads <= cores.
+  because preload shares them. Torch threads per worker on CPU = cores // workers - 1 (at
+  least 1): workers x threads <= cores, and each worker keeps a core for its event loop.
 
 A version that fails hash verification is never served: the command exits 1 naming the files."""
 
@@ -61,7 +61,7 @@ def add_parser(sub) -> None:
     p.add_argument("--model", default=None, metavar="N[@V]")
     p.add_argument("--workers", default=None, metavar="auto|N")
     p.add_argument("--torch-threads", type=int, default=None, metavar="N",
-                   help="torch threads per worker (default 0 = cores // workers)")
+                   help="torch threads per worker (default 0 = cores // workers - 1 on CPU, at least 1)")
     p.add_argument("--device", default=None)
     p.add_argument("--dtype", default=None)
     p.add_argument("--max-batch-size", type=int, default=None)

@@ -12,6 +12,15 @@ def test_cpu_plan_keeps_threads_times_workers_within_cores():
         assert plan.workers >= 1 and plan.torch_threads >= 1
 
 
+def test_each_cpu_worker_leaves_a_core_to_its_event_loop():
+    assert plan_workers(cores=2, available_bytes=64 * GiB, weight_bytes=GiB, per_worker_bytes=GiB).torch_threads == 1
+    assert plan_workers(cores=1, available_bytes=64 * GiB, weight_bytes=GiB, per_worker_bytes=GiB).torch_threads == 1
+    assert plan_workers(cores=16, available_bytes=64 * GiB, weight_bytes=GiB, per_worker_bytes=GiB,
+                        requested=2).torch_threads == 7
+    assert plan_workers(cores=16, available_bytes=GiB, weight_bytes=GiB, per_worker_bytes=GiB, device="cuda",
+                        gpus=1).torch_threads == 16  # GPU workers: torch threads only feed the kernels
+
+
 def test_memory_limits_workers():
     plan = plan_workers(cores=16, available_bytes=5 * GiB, weight_bytes=2 * GiB, per_worker_bytes=GiB)
     assert plan.workers == 3 and "memory" in plan.reason
@@ -26,6 +35,6 @@ def test_cuda_defaults_to_one_worker_per_gpu():
 
 
 def test_explicit_count_and_bad_count():
-    assert plan_workers(cores=8, available_bytes=GiB, weight_bytes=1, per_worker_bytes=1, requested=2).torch_threads == 4
+    assert plan_workers(cores=8, available_bytes=GiB, weight_bytes=1, per_worker_bytes=1, requested=2).torch_threads == 3
     with pytest.raises(ValueError):
         plan_workers(cores=8, available_bytes=GiB, weight_bytes=1, per_worker_bytes=1, requested=0)
