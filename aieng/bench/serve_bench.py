@@ -32,26 +32,38 @@ class ServeBenchConfig:
     peer: str | None = None  # "transformers"
     include_batching_off: bool = True
     measure_pss: bool = True
+    metrics_overhead_rounds: int = 0  # > 0: metrics on vs off at C=32, this many alternating rounds each
 
 
 @dataclass
 class ServeBenchResult:
     results: dict = field(default_factory=dict)  # config -> {concurrency: LoadResult dict}
     pss: dict | None = None
+    metrics_overhead: dict | None = None
+    peer_error: str | None = None
     targets: dict = field(default_factory=dict)
 
 
-def request_bodies(tokenizer, model_name: str, count: int, max_tokens: int) -> list[dict]:
+def request_bodies(tokenizer, model_name: str, count: int, max_tokens: int, *, peer: bool = False) -> list[dict]:
+    """The same prompts and lengths for every server; each gets its own way of ignoring EOS.
+
+    aieng takes ``ignore_eos``; transformers serve takes a ``generation_config`` JSON with
+    ``min_new_tokens`` and refuses unknown fields (422), so each body carries only its server's.
+    """
     prompts = render_prompts(tokenizer, count)
-    generation = json.dumps({"max_new_tokens": max_tokens, "min_new_tokens": max_tokens, "do_sample": False})
+    if peer:
+        extra = {"generation_config": json.dumps({"max_new_tokens": max_tokens, "min_new_tokens": max_tokens,
+                                                  "do_sample": False})}
+    else:
+        extra = {"ignore_eos": True}
     return [{"model": model_name, "prompt": p, "max_tokens": max_tokens, "temperature": 0, "stream": True,
-             "stream_options": {"include_usage": True}, "ignore_eos": True,
-             "generation_config": generation}  # the last two: aieng's and transformers serve's way to ignore EOS
-            for p in prompts]
+             "stream_options": {"include_usage": True}, **extra} for p in prompts]
 
 
 def measure_levels(base_url: str, bodies_for, config: ServeBenchConfig, progress=None) -> dict:
-    run_load(base_url, bodies_for(8), concurrency=8)  # warm-up round, not reported
+    warm = run_load(base_url, bodies_for(8), concurrency=8)  # warm-up round, not reported
+    if warm.ok == 0:
+        raise RuntimeError(f"{base_url} answered none of the warm-up requests (status {warm.status_counts})")
     out = {}
     for c in config.concurrencies:
         n = max(config.requests_per_level, 2 * c)
@@ -123,8 +135,8 @@ def run_serve_bench(store: Path, model_ref: str, model_dir: Path, tokenizer, con
     name = model_ref.split("@")[0]
     bench = ServeBenchResult()
 
-    def bodies_for(model_name):
-        return lambda n: request_bodies(tokenizer, model_name, n, config.max_tokens)
+    def bodies_for(model_name, peer=False):
+        return lambda n: request_bodies(tokenizer, model_name, n, config.max_tokens, peer=peer)
 
     runs = [("aieng", ["--workers", "1"])]
     if config.include_batching_off:
@@ -135,8 +147,13 @@ def run_serve_bench(store: Path, model_ref: str, model_dir: Path, tokenizer, con
             bench.results[label] = measure_levels(proc.base_url, bodies_for(name), config, progress)
     if config.peer == "transformers":
         log("[bench serve] transformers serve --continuous-batching: starting")
-        with TransformersServe(model_dir) as peer:
-            bench.results["transformers_cb"] = measure_levels(peer.base_url, bodies_for(str(model_dir)), config, progress)
+        try:
+            with TransformersServe(model_dir) as peer:
+                bench.results["transformers_cb"] = measure_levels(peer.base_url, bodies_for(str(model_dir), peer=True),
+                                                                  config, progress)
+        except RuntimeError as exc:  # keep what was measured so far; say why the peer is missing
+            bench.peer_error = str(exc)
+            log(f"[bench serve] transformers serve: {exc}")
     if config.measure_pss:
         log("[bench serve] PSS of 1 worker vs 2 preloaded workers")
         with ServerProcess(store=store, model=model_ref, extra_args=["--workers", "1"]) as one:
@@ -146,15 +163,66 @@ def run_serve_bench(store: Path, model_ref: str, model_dir: Path, tokenizer, con
             pair = worker_pss(two, 2)
         bench.pss = {"one_worker_bytes": sum(single), "two_workers_bytes": sum(pair),
                      "ratio": sum(pair) / max(1, sum(single))}
+    if config.metrics_overhead_rounds:
+        log(f"[bench serve] metrics on vs off: {config.metrics_overhead_rounds} alternating rounds at C=32")
+        bench.metrics_overhead = measure_metrics_overhead(store, model_ref, bodies_for(name), config, progress)
     bench.targets = evaluate_targets(bench)
     return bench
+
+
+def process_tree_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process and its children (the gunicorn master and workers)."""
+    import psutil
+
+    parent = psutil.Process(pid)
+    total = 0.0
+    for proc in [parent, *parent.children(recursive=True)]:
+        times = proc.cpu_times()
+        total += times.user + times.system
+    return total
+
+
+def measure_metrics_overhead(store: Path, model_ref: str, bodies_for, config: ServeBenchConfig,
+                             progress=None, concurrency: int = 32) -> dict:
+    """Two servers, identical but for ``AIENG_METRICS``, up at the same time and driven in turns
+    (on, off, on, off, ...), so both see the same machine. Per round: p50 latency, req/s, and the
+    server's CPU seconds per request. CPU per request is the steadier measure on a shared machine:
+    the metrics cost is CPU work done on the request's path, and latency noise between rounds is
+    larger than the 2% being looked for.
+    """
+    import statistics
+
+    n = max(config.requests_per_level, 2 * concurrency)
+    rounds: dict[str, list[dict]] = {"on": [], "off": []}
+    with ServerProcess(store=store, model=model_ref, extra_args=["--workers", "1"], env={"AIENG_METRICS": "1"}) as on, \
+            ServerProcess(store=store, model=model_ref, extra_args=["--workers", "1"], env={"AIENG_METRICS": "0"}) as off:
+        servers = {"on": on, "off": off}
+        for proc in servers.values():
+            run_load(proc.base_url, bodies_for(8), concurrency=8)  # warm-up round
+        for _ in range(config.metrics_overhead_rounds):
+            for label, proc in servers.items():
+                cpu_before = process_tree_cpu_s(proc.process.pid)
+                result = run_load(proc.base_url, bodies_for(n), concurrency=concurrency, progress=progress)
+                cpu = process_tree_cpu_s(proc.process.pid) - cpu_before
+                rounds[label].append({"latency_p50_s": result.latency_p50_s, "req_per_s": result.req_per_s,
+                                      "cpu_ms_per_request": 1000 * cpu / max(1, result.ok), "errors": result.errors})
+
+    def median(label: str, key: str) -> float:
+        return statistics.median(r[key] for r in rounds[label])
+
+    summary = {"concurrency": concurrency, "requests_per_round": n, "rounds": rounds}
+    for key in ("latency_p50_s", "req_per_s", "cpu_ms_per_request"):
+        summary[f"{key}_on"], summary[f"{key}_off"] = median("on", key), median("off", key)
+    summary["latency_overhead_pct"] = 100 * (summary["latency_p50_s_on"] / summary["latency_p50_s_off"] - 1)
+    summary["cpu_overhead_pct"] = 100 * (summary["cpu_ms_per_request_on"] / summary["cpu_ms_per_request_off"] - 1)
+    return summary
 
 
 def evaluate_targets(bench: ServeBenchResult) -> dict:
     r = bench.results
     targets = {}
     on, off = r.get("aieng", {}), r.get("aieng_batching_off", {})
-    if 32 in on and 32 in off:
+    if 32 in on and 32 in off and off[32]["ok"] and on[32]["ok"]:
         ratio = on[32]["req_per_s"] / off[32]["req_per_s"]
         targets["batching_on_over_off_c32"] = {"value": round(ratio, 2), "target": ">= 6", "met": ratio >= 6}
     if 32 in on:
@@ -162,13 +230,21 @@ def evaluate_targets(bench: ServeBenchResult) -> dict:
         targets["ttft_p99_c32_s"] = {"value": round(ttft, 3), "target": "<= 1.0", "met": ttft <= 1.0}
     peer = r.get("transformers_cb", {})
     for c in (32, 64):
-        if c in on and c in peer:
+        if c in on and c in peer and peer[c]["ok"] == 0:
+            targets[f"vs_transformers_c{c}"] = {"value": None, "target": ">= 1.5 and p99 no worse", "met": False,
+                                                "error": f"transformers serve answered no request: {peer[c]['status_counts']}"}
+        elif c in on and c in peer:
             ratio = on[c]["req_per_s"] / peer[c]["req_per_s"]
             p99_ok = on[c]["latency_p99_s"] <= peer[c]["latency_p99_s"]
             targets[f"vs_transformers_c{c}"] = {"value": round(ratio, 2), "target": ">= 1.5 and p99 no worse",
                                                 "p99_aieng_s": on[c]["latency_p99_s"],
                                                 "p99_transformers_s": peer[c]["latency_p99_s"],
                                                 "met": ratio >= 1.5 and p99_ok}
+    if bench.metrics_overhead:
+        m = bench.metrics_overhead
+        targets["metrics_overhead_c32_pct"] = {
+            "value": round(m["latency_overhead_pct"], 2), "target": "< 2 (p50 latency, median of rounds)",
+            "cpu_overhead_pct": round(m["cpu_overhead_pct"], 2), "met": m["latency_overhead_pct"] < 2}
     if bench.pss:
         targets["pss_two_over_one"] = {"value": round(bench.pss["ratio"], 2), "target": "<= 1.3",
                                        "met": bench.pss["ratio"] <= 1.3}
@@ -186,6 +262,12 @@ def format_table(bench: ServeBenchResult) -> str:
     if bench.pss:
         lines.append(f"PSS: one worker {bench.pss['one_worker_bytes'] / 2**20:.0f} MiB, two preloaded workers "
                      f"{bench.pss['two_workers_bytes'] / 2**20:.0f} MiB (ratio {bench.pss['ratio']:.2f})")
+    if bench.metrics_overhead:
+        m = bench.metrics_overhead
+        lines.append(f"metrics on vs off at C={m['concurrency']} (median of {len(m['rounds']['on'])} alternating rounds): "
+                     f"p50 {m['latency_p50_s_on']:.3f} s vs {m['latency_p50_s_off']:.3f} s "
+                     f"({m['latency_overhead_pct']:+.1f}%), server CPU {m['cpu_ms_per_request_on']:.2f} vs "
+                     f"{m['cpu_ms_per_request_off']:.2f} ms/request ({m['cpu_overhead_pct']:+.1f}%)")
     for key, t in bench.targets.items():
         lines.append(f"target {key}: {t['value']} ({t['target']}) -> {'met' if t['met'] else 'MISSED'}")
     return "\n".join(lines)

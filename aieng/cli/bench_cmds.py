@@ -45,6 +45,9 @@ def add_parser(sub) -> None:
     p.add_argument("--requests", type=int, default=64, help="requests per level (at least 2 x C)")
     p.add_argument("--no-batching-off", action="store_true", help="skip the max_batch_size=1 run")
     p.add_argument("--no-pss", action="store_true", help="skip the PSS measurement")
+    p.add_argument("--metrics-overhead", type=int, default=0, metavar="ROUNDS",
+                   help="also measure the cost of Prometheus metrics: servers with AIENG_METRICS=1 and =0 driven in "
+                        "ROUNDS alternating rounds at C=32 (p50 latency and server CPU per request)")
     p.add_argument("--save-baseline", action="store_true",
                    help="write the C=32 numbers into the model version's manifest as performance_baseline")
     p.add_argument("--json", action="store_true")
@@ -113,9 +116,11 @@ def _serve(args: argparse.Namespace) -> int:
     tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
     levels = tuple(int(c) for c in args.concurrency.split(","))
     config = ServeBenchConfig(concurrencies=levels, max_tokens=args.max_tokens, requests_per_level=args.requests,
-                              peer=args.peer, include_batching_off=not args.no_batching_off, measure_pss=not args.no_pss)
+                              peer=args.peer, include_batching_off=not args.no_batching_off, measure_pss=not args.no_pss,
+                              metrics_overhead_rounds=args.metrics_overhead)
     configs = 1 + (not args.no_batching_off) + (args.peer is not None)
-    total = configs * sum(max(args.requests, 2 * c) for c in levels)
+    total = configs * sum(max(args.requests, 2 * c) for c in levels) \
+        + 2 * args.metrics_overhead * max(args.requests, 64)
     with tqdm(total=total, desc="bench serve", unit="req", disable=args.json, file=sys.stderr) as bar:
         bench = run_serve_bench(settings.store, f"{ref.name}@{version}", folder, tokenizer, config, progress=bar,
                                 log=lambda m: bar.write(m) if not args.json else None)
@@ -127,7 +132,8 @@ def _serve(args: argparse.Namespace) -> int:
             "latency_p99_s": m["latency_p99_s"], "ttft_p99_s": m["ttft_p99_s"],
             "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds")})
     if args.json:
-        print_json({"results": bench.results, "pss": bench.pss, "targets": bench.targets})
+        print_json({"results": bench.results, "pss": bench.pss, "metrics_overhead": bench.metrics_overhead,
+                    "peer_error": bench.peer_error, "targets": bench.targets})
     else:
         print(format_table(bench))
     return 0

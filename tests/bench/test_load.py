@@ -49,3 +49,13 @@ def test_load_reports_refused_requests_as_errors(server):
     bodies = [{"model": "demo", "prompt": "x", "max_tokens": 0, "stream": True}] * 2
     result = run_load(server.base_url, bodies, concurrency=2)
     assert result.ok == 0 and result.errors == 2 and result.status_counts == {"400": 2}
+
+
+def test_each_server_gets_only_the_fields_it_accepts(demo_model_dir):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(demo_model_dir, local_files_only=True)
+    ours, peers = request_bodies(tokenizer, "demo", 2, 16), request_bodies(tokenizer, "/m", 2, 16, peer=True)
+    assert all(b["ignore_eos"] and "generation_config" not in b for b in ours)
+    assert all("ignore_eos" not in b and '"min_new_tokens": 16' in b["generation_config"] for b in peers)
+    assert [b["prompt"] for b in ours] == [b["prompt"] for b in peers]
