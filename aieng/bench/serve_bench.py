@@ -78,6 +78,27 @@ def pss_bytes(pid: int) -> int:
     raise RuntimeError(f"no Pss line for pid {pid}")
 
 
+def measure_pss(store: Path, model_ref: str, bodies_for) -> dict:
+    """Memory of the service with 1 and with 2 preloaded workers, after traffic, by PSS.
+
+    PSS charges each shared page to its sharers in equal parts, so summing it over processes
+    gives the memory they really use together. The ratio to hold to 1.3 is the whole service's
+    (master + workers): adding a worker should cost only its private memory. The workers-only
+    sums are reported too, but their ratio cannot fall below 4/3 however well pages are shared:
+    the master shares them as well, so one worker is charged 1/2 of them and two workers 2/3.
+    """
+    sizes = {}
+    for workers in (1, 2):
+        with ServerProcess(store=store, model=model_ref, extra_args=["--workers", str(workers)]) as proc:
+            run_load(proc.base_url, bodies_for(8), concurrency=8)
+            sizes[workers] = (sum(worker_pss(proc, workers)), pss_bytes(proc.process.pid))
+    (one_workers, one_master), (two_workers, two_master) = sizes[1], sizes[2]
+    return {"one_worker_bytes": one_workers, "two_workers_bytes": two_workers,
+            "workers_ratio": two_workers / max(1, one_workers),
+            "service_one_worker_bytes": one_workers + one_master, "service_two_workers_bytes": two_workers + two_master,
+            "ratio": (two_workers + two_master) / max(1, one_workers + one_master)}
+
+
 def worker_pss(proc: ServerProcess, expected_workers: int) -> list[int]:
     import psutil
 
@@ -156,13 +177,7 @@ def run_serve_bench(store: Path, model_ref: str, model_dir: Path, tokenizer, con
             log(f"[bench serve] transformers serve: {exc}")
     if config.measure_pss:
         log("[bench serve] PSS of 1 worker vs 2 preloaded workers")
-        with ServerProcess(store=store, model=model_ref, extra_args=["--workers", "1"]) as one:
-            single = worker_pss(one, 1)
-        with ServerProcess(store=store, model=model_ref, extra_args=["--workers", "2"]) as two:
-            run_load(two.base_url, bodies_for(name)(8), concurrency=8)
-            pair = worker_pss(two, 2)
-        bench.pss = {"one_worker_bytes": sum(single), "two_workers_bytes": sum(pair),
-                     "ratio": sum(pair) / max(1, sum(single))}
+        bench.pss = measure_pss(store, model_ref, bodies_for(name))
     if config.metrics_overhead_rounds:
         log(f"[bench serve] metrics on vs off: {config.metrics_overhead_rounds} alternating rounds at C=32")
         bench.metrics_overhead = measure_metrics_overhead(store, model_ref, bodies_for(name), config, progress)
@@ -246,7 +261,8 @@ def evaluate_targets(bench: ServeBenchResult) -> dict:
             "value": round(m["latency_overhead_pct"], 2), "target": "< 2 (p50 latency, median of rounds)",
             "cpu_overhead_pct": round(m["cpu_overhead_pct"], 2), "met": m["latency_overhead_pct"] < 2}
     if bench.pss:
-        targets["pss_two_over_one"] = {"value": round(bench.pss["ratio"], 2), "target": "<= 1.3",
+        targets["pss_two_over_one"] = {"value": round(bench.pss["ratio"], 2), "target": "<= 1.3 (master + workers)",
+                                       "workers_only": round(bench.pss["workers_ratio"], 2),
                                        "met": bench.pss["ratio"] <= 1.3}
     return targets
 
@@ -260,8 +276,11 @@ def format_table(bench: ServeBenchResult) -> str:
                          f"{m['latency_p99_s']:7.3f} {m['ttft_p50_s']:7.3f} {m['ttft_p99_s']:7.3f} "
                          f"{m['mean_completion_tokens']:7.1f} {m['errors']:>4}")
     if bench.pss:
-        lines.append(f"PSS: one worker {bench.pss['one_worker_bytes'] / 2**20:.0f} MiB, two preloaded workers "
-                     f"{bench.pss['two_workers_bytes'] / 2**20:.0f} MiB (ratio {bench.pss['ratio']:.2f})")
+        p = bench.pss
+        lines.append(f"PSS, master + workers: 1 worker {p['service_one_worker_bytes'] / 2**20:.0f} MiB, 2 preloaded workers "
+                     f"{p['service_two_workers_bytes'] / 2**20:.0f} MiB (ratio {p['ratio']:.2f}); workers only "
+                     f"{p['one_worker_bytes'] / 2**20:.0f} vs {p['two_workers_bytes'] / 2**20:.0f} MiB "
+                     f"(ratio {p['workers_ratio']:.2f}, at least 4/3 by construction)")
     if bench.metrics_overhead:
         m = bench.metrics_overhead
         lines.append(f"metrics on vs off at C={m['concurrency']} (median of {len(m['rounds']['on'])} alternating rounds): "

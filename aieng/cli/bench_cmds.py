@@ -37,7 +37,8 @@ def add_parser(sub) -> None:
                                      "(same prompts, same max_tokens with EOS ignored, temperature 0, bounded request "
                                      "count, an untimed warm-up round). Also measures PSS of 2 preloaded workers "
                                      "against 1. Targets: batching on >= 6x off at C=32; >= 1.5x transformers at "
-                                     "C=32 and 64 with p99 no worse; TTFT p99 at C=32 <= 1 s; PSS ratio <= 1.3.")
+                                     "C=32 and 64 with p99 no worse; TTFT p99 at C=32 <= 1 s; PSS of the service (master + "
+                                     "workers) with 2 workers <= 1.3 x with 1.")
     p.add_argument("--model", default=None, metavar="N[@V]", help="store reference (default: $AIENG_MODEL)")
     p.add_argument("--peer", choices=["transformers"], default=None)
     p.add_argument("--concurrency", default="1,8,32,64", help="comma-separated client counts")

@@ -30,6 +30,10 @@ from aieng.scheduler.policy import QueuedRequest
 
 log = logging.getLogger("aieng.request")
 
+#: Inter-token latencies are flushed to the histogram every this many tokens and at the end, so a
+#: long generation still shows up in a scrape while it runs.
+ITL_FLUSH_EVERY = 16
+
 
 @dataclass
 class Submission:
@@ -81,6 +85,7 @@ class Bridge:
 
     async def events(self, submission: Submission) -> AsyncIterator[TokenEvent]:
         previous = None
+        gaps: list[float] = []  # inter-token latencies, recorded in bulk (see metrics.observe_many)
         try:
             while True:
                 event = await submission.queue.get()
@@ -90,7 +95,10 @@ class Bridge:
                         metrics.TIME_TO_FIRST_TOKEN.labels(priority=submission.queued.priority).observe(
                             now - submission.submitted)
                     else:
-                        metrics.INTER_TOKEN_LATENCY.observe(now - previous)
+                        gaps.append(now - previous)
+                        if len(gaps) >= ITL_FLUSH_EVERY:
+                            metrics.observe_many(metrics.INTER_TOKEN_LATENCY, gaps)
+                            gaps = []
                 previous = now
                 submission.text_parts.append(event.text)
                 if event.finished:
@@ -101,6 +109,8 @@ class Bridge:
                 if event.finished:
                     return
         finally:
+            if gaps:
+                metrics.observe_many(metrics.INTER_TOKEN_LATENCY, gaps)
             if submission.final is None:
                 self.engine_loop.cancel(submission.request_id)
 

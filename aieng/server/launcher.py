@@ -41,7 +41,7 @@ class ServerProcess:
     port: int = 0
     extra_args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
-    ready_timeout: float = 120.0
+    ready_timeout: float = 300.0  # a cold torch.compile of every graph on 2 busy cores can take minutes
     log_path: Path | None = None  # server stdout+stderr go here (a temp file by default)
     process: subprocess.Popen | None = None
 

@@ -82,6 +82,10 @@ def serve(settings: Settings) -> None:
         plan = replace(plan, torch_threads=settings.torch_threads,
                        reason=plan.reason + f"; torch threads set to {settings.torch_threads}")
     runtime.config.torch_threads = plan.torch_threads
+    warmed = runtime.warm_before_fork()
+    if warmed is not None:
+        log.info("engine warmed up before fork in %.1fs%s; workers share it", warmed,
+                 " (torch.compile included)" if runtime.engine.compiled else "")
     log.info("serving %s@%s on http://%s:%d with %d worker(s) x %d torch thread(s): %s", runtime.model_name,
              runtime.model_version, settings.host, settings.port, plan.workers, plan.torch_threads, plan.reason)
     app = create_app(runtime, max_body_bytes=settings.max_body_bytes)

@@ -78,6 +78,35 @@ class Runtime:
         gc.collect()
         gc.freeze()
 
+    def warm_before_fork(self) -> float | None:
+        """CPU workers with one torch thread: build the engine and warm it up (torch.compile
+        included) here in the master, so every worker inherits the compiled graphs copy-on-write.
+
+        Why: compiled graphs and the compiler's imports are ~150 MiB per process; compiled once
+        before fork they are shared pages, not private to each worker, and a multi-worker start
+        compiles once instead of once per worker. Only at one thread per worker, because inductor
+        bakes the thread count into the kernels it generates, and an OpenMP pool must not exist
+        before fork (at one thread none is created). Never on CUDA: nothing may touch the device
+        before fork. Returns the warm-up seconds, or None when it did not apply.
+        """
+        if self.loaded is None or self.config.torch_threads != 1:
+            return None
+        previous = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            self.engine = Engine(self.loaded.model, self.loaded.tokenizer, context_length=self.loaded.context_length,
+                                 config=self.config.engine)
+            seconds = self.engine.warmup()
+        finally:
+            torch.set_num_threads(previous)
+        if self.engine.compiled:
+            from torch._inductor.async_compile import shutdown_compile_workers
+
+            shutdown_compile_workers()  # the compile pool's processes must not outlive warm-up in the master
+        gc.collect()
+        gc.freeze()
+        return seconds
+
     # -- worker --------------------------------------------------------------------------------
     def start(self, *, background_warmup: bool = True) -> None:
         if self.config.torch_threads:
@@ -86,8 +115,9 @@ class Runtime:
             store = ModelStore(self.settings.store)
             self.loaded = load_version(store, self.ref, LoadConfig.from_settings(self.settings))
         self.model_version = self.loaded.version
-        self.engine = Engine(self.loaded.model, self.loaded.tokenizer, context_length=self.loaded.context_length,
-                             config=self.config.engine)
+        if self.engine is None:  # not built before fork (CUDA, several torch threads, or in-process use)
+            self.engine = Engine(self.loaded.model, self.loaded.tokenizer, context_length=self.loaded.context_length,
+                                 config=self.config.engine)
         observer = MetricsObserver() if self.settings.metrics else None
         self.engine_loop = EngineLoop(self.engine, self.config.scheduler, observer=observer)
         self.bridge = Bridge(self.engine_loop, self.engine, metrics_enabled=self.settings.metrics,
