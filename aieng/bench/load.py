@@ -1,5 +1,9 @@
 """A bounded HTTP load generator: C concurrent streaming clients, N requests in all.
 
+It runs on the same cores as the server it measures, so it must cost little per streamed chunk:
+aiohttp (C HTTP parser, as vLLM's serving benchmark uses) rather than httpx (pure-Python h11),
+and JSON is parsed only for the chunks that carry the first token, usage, errors or the finish.
+
 Used by ``aieng bench serve``, notebook 05 and the runbooks. It only ever targets the base URL it
 is given (loopback in tests), stops after ``requests`` requests, and measures per request: total
 latency, time to first token (first non-empty streamed chunk) and completion tokens (from the
@@ -14,7 +18,7 @@ import statistics
 import time
 from dataclasses import asdict, dataclass, field
 
-import httpx
+import aiohttp
 
 
 @dataclass
@@ -54,17 +58,18 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[rank]
 
 
-async def _one(client: httpx.AsyncClient, url: str, body: dict) -> RequestSample:
+async def _one(session: aiohttp.ClientSession, url: str, body: dict) -> RequestSample:
     start = time.perf_counter()
     ttft = None
     tokens = 0
     usage_tokens = None
     try:
-        async with client.stream("POST", url, json=body) as resp:
-            if resp.status_code != 200:
-                await resp.aread()
-                return RequestSample(time.perf_counter() - start, None, 0, resp.status_code, resp.text[:200])
-            async for line in resp.aiter_lines():
+        async with session.post(url, json=body) as resp:
+            if resp.status != 200:
+                text = await resp.text()
+                return RequestSample(time.perf_counter() - start, None, 0, resp.status, text[:200])
+            async for raw in resp.content:  # one line per iteration, split by aiohttp's C parser
+                line = raw.decode("utf-8").rstrip("\r\n")
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
                 if ttft is not None and _plain_content_chunk(line):
@@ -82,7 +87,7 @@ async def _one(client: httpx.AsyncClient, url: str, body: dict) -> RequestSample
                         if ttft is None:
                             ttft = time.perf_counter() - start
         return RequestSample(time.perf_counter() - start, ttft, usage_tokens if usage_tokens is not None else tokens, 200)
-    except httpx.HTTPError as exc:
+    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
         return RequestSample(time.perf_counter() - start, None, 0, 0, repr(exc))
 
 
@@ -101,13 +106,12 @@ async def run_load_async(base_url: str, bodies: list[dict], *, concurrency: int,
     url = base_url.rstrip("/") + route
     pending = list(bodies)
     samples: list[RequestSample] = []
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-
-    async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=timeout)) as session:
         async def worker():
             while pending:
                 body = pending.pop()
-                samples.append(await _one(client, url, body))
+                samples.append(await _one(session, url, body))
                 if progress is not None:
                     progress.update(1)
 

@@ -200,7 +200,7 @@ def process_tree_cpu_s(pid: int) -> float:
 def measure_metrics_overhead(store: Path, model_ref: str, bodies_for, config: ServeBenchConfig,
                              progress=None, concurrency: int = 32) -> dict:
     """Two servers, identical but for ``AIENG_METRICS``, up at the same time and driven in turns
-    (on, off, on, off, ...), so both see the same machine. Per round: p50 latency, req/s, and the
+    (on, off, off, on, ...), so both see the same machine. Per round: p50 latency, req/s, and the
     server's CPU seconds per request. CPU per request is the steadier measure on a shared machine:
     the metrics cost is CPU work done on the request's path, and latency noise between rounds is
     larger than the 2% being looked for.
@@ -214,8 +214,10 @@ def measure_metrics_overhead(store: Path, model_ref: str, bodies_for, config: Se
         servers = {"on": on, "off": off}
         for proc in servers.values():
             run_load(proc.base_url, bodies_for(8), concurrency=8)  # warm-up round
-        for _ in range(config.metrics_overhead_rounds):
-            for label, proc in servers.items():
+        for round_index in range(config.metrics_overhead_rounds):
+            order = ["on", "off"] if round_index % 2 == 0 else ["off", "on"]  # ABBA: going first is no advantage
+            for label in order:
+                proc = servers[label]
                 cpu_before = process_tree_cpu_s(proc.process.pid)
                 result = run_load(proc.base_url, bodies_for(n), concurrency=concurrency, progress=progress)
                 cpu = process_tree_cpu_s(proc.process.pid) - cpu_before
