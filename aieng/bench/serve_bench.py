@@ -231,6 +231,10 @@ def measure_metrics_overhead(store: Path, model_ref: str, bodies_for, config: Se
     for key in ("latency_p50_s", "req_per_s", "cpu_ms_per_request"):
         summary[f"{key}_on"], summary[f"{key}_off"] = median("on", key), median("off", key)
     summary["latency_overhead_pct"] = 100 * (summary["latency_p50_s_on"] / summary["latency_p50_s_off"] - 1)
+    # Paired: each round drives both servers back to back, so its on/off ratio cancels the drift
+    # of the machine between rounds; the median of those ratios is the estimate the target uses.
+    summary["latency_overhead_paired_pct"] = 100 * (statistics.median(
+        a["latency_p50_s"] / b["latency_p50_s"] for a, b in zip(rounds["on"], rounds["off"])) - 1)
     summary["cpu_overhead_pct"] = 100 * (summary["cpu_ms_per_request_on"] / summary["cpu_ms_per_request_off"] - 1)
     return summary
 
@@ -260,8 +264,10 @@ def evaluate_targets(bench: ServeBenchResult) -> dict:
     if bench.metrics_overhead:
         m = bench.metrics_overhead
         targets["metrics_overhead_c32_pct"] = {
-            "value": round(m["latency_overhead_pct"], 2), "target": "< 2 (p50 latency, median of rounds)",
-            "cpu_overhead_pct": round(m["cpu_overhead_pct"], 2), "met": m["latency_overhead_pct"] < 2}
+            "value": round(m["latency_overhead_paired_pct"], 2),
+            "target": "< 2 (p50 latency, median of the rounds' paired on/off ratios)",
+            "ratio_of_medians_pct": round(m["latency_overhead_pct"], 2),
+            "cpu_overhead_pct": round(m["cpu_overhead_pct"], 2), "met": m["latency_overhead_paired_pct"] < 2}
     if bench.pss:
         targets["pss_two_over_one"] = {"value": round(bench.pss["ratio"], 2), "target": "<= 1.3 (master + workers)",
                                        "workers_only": round(bench.pss["workers_ratio"], 2),
@@ -287,7 +293,7 @@ def format_table(bench: ServeBenchResult) -> str:
         m = bench.metrics_overhead
         lines.append(f"metrics on vs off at C={m['concurrency']} (median of {len(m['rounds']['on'])} alternating rounds): "
                      f"p50 {m['latency_p50_s_on']:.3f} s vs {m['latency_p50_s_off']:.3f} s "
-                     f"({m['latency_overhead_pct']:+.1f}%), server CPU {m['cpu_ms_per_request_on']:.2f} vs "
+                     f"({m['latency_overhead_pct']:+.1f}%; paired per round {m['latency_overhead_paired_pct']:+.1f}%), server CPU {m['cpu_ms_per_request_on']:.2f} vs "
                      f"{m['cpu_ms_per_request_off']:.2f} ms/request ({m['cpu_overhead_pct']:+.1f}%)")
     for key, t in bench.targets.items():
         lines.append(f"target {key}: {t['value']} ({t['target']}) -> {'met' if t['met'] else 'MISSED'}")
