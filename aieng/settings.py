@@ -37,7 +37,7 @@ class Settings:
     request_timeout_s: float = 300.0  # AIENG_REQUEST_TIMEOUT_S: deadline of requests that set no `timeout`
     graceful_timeout_s: int = 30  # AIENG_GRACEFUL_TIMEOUT_S: in-flight requests' time to finish after SIGTERM
     drain_delay_s: float = 1.0  # AIENG_DRAIN_DELAY_S: readiness is 503 this long before the listener closes
-    compile: bool = True  # AIENG_COMPILE: torch.compile the decode step during warm-up (0 = eager, fast start)
+    compile: bool = True  # AIENG_COMPILE: torch.compile prefill and decode during warm-up (0 = eager, fast start)
     int8: bool = False  # AIENG_INT8: dynamic int8 Linear layers (CPU)
     metrics: bool = True  # AIENG_METRICS: record Prometheus metrics (off only to measure their cost)
     log_payload_sample: float = 0.0  # AIENG_LOG_PAYLOAD_SAMPLE: share of requests whose prompt and output are logged

@@ -23,7 +23,7 @@ def add_parser(sub) -> None:
     p.add_argument("--new-tokens", type=int, default=32)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
-                   help="torch.compile the aieng decode step, as `aieng serve` does by default (on); the eager "
+                   help="torch.compile the aieng forward (prefill and decode), as `aieng serve` does by default (on); the eager "
                         "loop is measured too, in the same run, and reported as eager_*")
     p.add_argument("--int8", action="store_true", help="dynamic int8 quantization of Linear layers (CPU)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")

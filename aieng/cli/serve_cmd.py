@@ -30,14 +30,17 @@ Settings (environment variable, overridden by the flag):
   AIENG_MEMORY_HEADROOM      share of available RAM the weights may use (0.8)
   AIENG_GPU_MEMORY_FRACTION  share of GPU memory the weights may use (0.9)
   AIENG_MAX_BODY_BYTES       request body limit, 413 beyond (1000000)
-  AIENG_COMPILE              torch.compile the decode step during warm-up (1). On the demo model
-                             it makes a decode step ~1.7x faster at batch 1 and ~1.4x at batch 32
-                             (`aieng bench engine`) and costs 15 s (inductor cache warm) to 60 s
-                             (cold) of warm-up per worker, during which /health/ready is 503.
-                             --no-compile for fast starts; a model compile cannot handle falls
-                             back to eager with a warning.
-  AIENG_INT8                 int8 dynamic quantization of Linear layers, CPU only (0; measured slower
-                             on small models, see `aieng bench engine --int8`)
+  AIENG_COMPILE              torch.compile prefill and decode during warm-up (1). On the demo
+                             model generation ran ~2.1x faster at batch 1 and ~1.8-2.2x at batch
+                             32 than eager (`aieng bench engine`, same run). Warm-up takes 10-30 s
+                             with inductor's cache warm, a minute or two cold. With one torch
+                             thread per worker it happens once, in the master before fork, and
+                             the workers share the result; otherwise each worker compiles while
+                             /health/ready says 503. --no-compile for fast starts; a model
+                             compile cannot handle falls back to eager with a warning.
+  AIENG_INT8                 int8 dynamic quantization of Linear layers, CPU only (0). On the demo
+                             model: 0.7x eager speed at batch 1, 1.3x at batch 32, no accuracy
+                             change (`aieng bench engine --int8`, `aieng eval N --int8`)
   AIENG_TORCH_THREADS        torch threads per worker (0 = the --workers auto rule below)
   AIENG_METRICS              record Prometheus metrics at /metrics (1; 0 only to measure their cost)
   AIENG_LOG_PAYLOAD_SAMPLE   share of requests whose prompt and output are logged, in [0, 1] (0)
@@ -72,7 +75,7 @@ def add_parser(sub) -> None:
     p.add_argument("--graceful-timeout", type=int, default=None, dest="graceful_timeout_s", metavar="SECONDS")
     p.add_argument("--drain-delay", type=float, default=None, dest="drain_delay_s", metavar="SECONDS")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
-                   help="torch.compile the decode step during warm-up (default on; --no-compile = eager)")
+                   help="torch.compile prefill and decode during warm-up (default on; --no-compile = eager)")
     p.add_argument("--int8", action=argparse.BooleanOptionalAction, default=None,
                    help="int8 dynamic quantization of Linear layers (CPU; default off)")
     p.set_defaults(handler=_serve)
