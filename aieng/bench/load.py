@@ -19,6 +19,7 @@ import time
 from dataclasses import asdict, dataclass, field
 
 import aiohttp
+import aiohttp.http_exceptions
 
 
 @dataclass
@@ -87,7 +88,8 @@ async def _one(session: aiohttp.ClientSession, url: str, body: dict) -> RequestS
                         if ttft is None:
                             ttft = time.perf_counter() - start
         return RequestSample(time.perf_counter() - start, ttft, usage_tokens if usage_tokens is not None else tokens, 200)
-    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+    except (aiohttp.ClientError, aiohttp.http_exceptions.HttpProcessingError, asyncio.TimeoutError, ValueError) as exc:
+        # ValueError: a chunk that is not JSON or not UTF-8 fails this request, not the whole run
         return RequestSample(time.perf_counter() - start, None, 0, 0, repr(exc))
 
 
@@ -107,7 +109,9 @@ async def run_load_async(base_url: str, bodies: list[dict], *, concurrency: int,
     pending = list(bodies)
     samples: list[RequestSample] = []
     connector = aiohttp.TCPConnector(limit=concurrency)
-    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=timeout)) as session:
+    # ``timeout`` bounds each read, not the whole stream: a long generation under load is not an error
+    client_timeout = aiohttp.ClientTimeout(total=None, sock_connect=timeout, sock_read=timeout)
+    async with aiohttp.ClientSession(connector=connector, timeout=client_timeout) as session:
         async def worker():
             while pending:
                 body = pending.pop()

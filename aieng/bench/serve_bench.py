@@ -90,7 +90,9 @@ def measure_pss(store: Path, model_ref: str, bodies_for) -> dict:
     sizes = {}
     for workers in (1, 2):
         with ServerProcess(store=store, model=model_ref, extra_args=["--workers", str(workers)]) as proc:
-            run_load(proc.base_url, bodies_for(8), concurrency=8)
+            traffic = run_load(proc.base_url, bodies_for(8), concurrency=8)
+            if traffic.ok == 0:
+                raise RuntimeError(f"the {workers}-worker server answered no request (status {traffic.status_counts})")
             sizes[workers] = (sum(worker_pss(proc, workers)), pss_bytes(proc.process.pid))
     (one_workers, one_master), (two_workers, two_master) = sizes[1], sizes[2]
     return {"one_worker_bytes": one_workers, "two_workers_bytes": two_workers,

@@ -20,8 +20,15 @@ class IncrementalDetokenizer:
         self.ids: list[int] = []
         self.prefix_offset = 0  # start of the decode window
         self.read_offset = 0  # tokens before this are already emitted as text
+        # A fast tokenizer's Rust backend decodes the same text without transformers' per-call
+        # Python (argument conversion, clean-up checks): two decodes per token, on every row of
+        # every step, add up. Other tokenizers go through ``decode``.
+        backend = getattr(tokenizer, "_tokenizer", None)
+        self._backend_decode = backend.decode if backend is not None and hasattr(backend, "decode") else None
 
     def _decode(self, ids: list[int]) -> str:
+        if self._backend_decode is not None:
+            return self._backend_decode(ids, skip_special_tokens=self.skip_special_tokens)
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens,
                                      clean_up_tokenization_spaces=False)
 

@@ -99,7 +99,8 @@ class Engine:
         self.pad_id = int(pad)
         self._compiled_forward = _compile_forward(self.model) if config.compile else None
         self.compiled = config.compile
-        self._warmed = False  # compiled graphs exist for every decode form: guards may be skipped
+        self._warmed = False  # compiled graphs exist for every form the engine calls: guards may be skipped
+        self._rewarming = False  # a form warm-up missed is being compiled with full guards
         self._cache_kwarg = _cache_kwarg(self.model)
         _refuse_sliding_window(model.config)
         self.batch: KVBatch | None = None
@@ -282,9 +283,10 @@ class Engine:
         try:
             input_ids = torch.tensor([[row.last_token] for row in rows], dtype=torch.long, device=self.device)  # [B, 1]
             mask = None
-            # Compiled: every multi-row step carries a mask, so one graph serves padded and unpadded
-            # batches (a None-or-tensor argument would be a second graph and a second compile).
-            if batch.padded or (self.compiled and batch.size > 1):
+            # Compiled: every step carries a mask, so one graph serves padded and unpadded batches
+            # (a None-or-tensor argument would be a second graph, and a lone padded row, such as
+            # a 1-token prompt padded to 2, a form warm-up never built).
+            if batch.padded or self.compiled:
                 mask = torch.cat([batch.mask, torch.ones((batch.size, 1), dtype=batch.mask.dtype,
                                                          device=batch.mask.device)], dim=1)  # [B, T+1]
             out = self._forward(input_ids=input_ids, attention_mask=mask, position_ids=batch.next_pos[:, None],
@@ -362,24 +364,33 @@ class Engine:
         if self._warmed:
             with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
                 return self._compiled_forward(**inputs)
-        return self._compiled_forward(**inputs)
+        out = self._compiled_forward(**inputs)
+        if self._rewarming:  # the missing graph now exists: skipping guards is safe again
+            self._rewarming, self._warmed = False, True
+        return out
 
     def _recover_from_compile_error(self, exc: BaseException) -> bool:
-        """True when ``exc`` came from torch.compile and the call may simply be retried."""
+        """True when ``exc`` came from torch.compile and the call may simply be retried.
+
+        Only compiler errors count: a model or input error raised inside a compiled call would
+        be raised again eagerly, and must not switch compilation off for the whole process.
+        """
         if not self.compiled or is_out_of_memory(exc):
             return False
         if self._warmed and "skip_guard_eval_unsafe" in str(exc):
             self._rewarm(exc)
-        else:
+            return True
+        if isinstance(exc, torch._dynamo.exc.TorchDynamoException):  # includes inductor's errors
             self._fall_back_to_eager(exc)
-        return True
+            return True
+        return False
 
     def _rewarm(self, exc: BaseException) -> None:
-        """A shape warm-up did not cover: evaluate all guards again (and compile it)."""
-        log.warning("a forward call needed a graph warm-up did not compile (%s); guards are evaluated in full "
-                    "from now on", str(exc).splitlines()[0], extra={"event": "engine_compile_rewarm"})
+        """A shape warm-up did not cover: compile it with full guards, then skip them again."""
+        log.warning("a forward call needed a graph warm-up did not compile (%s); compiling it now",
+                    str(exc).splitlines()[0], extra={"event": "engine_compile_rewarm"})
         self.stats["rewarms"] += 1
-        self._warmed = False
+        self._warmed, self._rewarming = False, True
 
     def _fall_back_to_eager(self, exc: BaseException) -> None:
         """A model torch.compile cannot handle still serves, eagerly; say so once, loudly."""

@@ -28,6 +28,10 @@ def evaluate_version(store: ModelStore, ref: ModelRef, config: LoadConfig = Load
         if "metrics" not in base:
             raise StoreError(f"{ref.name}@{loaded.version} has no recorded evaluation to compare int8 against; "
                              f"run `aieng eval {ref.name}@{loaded.version}` first")
+        if base.get("n_per_family") != n_per_family:  # different prompt sets: the delta would be sampling noise
+            raise StoreError(f"the recorded evaluation of {ref.name}@{loaded.version} used {base.get('n_per_family')} "
+                             f"prompts per family; run the int8 one with --n-per-family {base.get('n_per_family')} "
+                             f"(or re-run `aieng eval` with {n_per_family} first)")
         from aieng.engine.quantize import quantize_int8
 
         model = quantize_int8(model)

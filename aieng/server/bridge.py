@@ -16,6 +16,7 @@ import asyncio
 import logging
 import random
 import threading
+import weakref
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -55,7 +56,7 @@ class Bridge:
         self.engine = engine
         self.metrics_enabled = metrics_enabled
         self.payload_sample = payload_sample
-        self._mailboxes: dict[asyncio.AbstractEventLoop, _Mailbox] = {}
+        self._mailboxes: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # loop -> _Mailbox
 
     async def prepare(self, prompt_ids: list[int] | None, prompt_text: str | None,
                       params: SamplingParams) -> GenerationRequest:
@@ -185,7 +186,12 @@ class _Mailbox:
             if self.scheduled:
                 return
             self.scheduled = True
-        self.loop.call_soon_threadsafe(self._drain)
+        try:
+            self.loop.call_soon_threadsafe(self._drain)
+        except RuntimeError:  # the loop is closed: nobody is left to read these events
+            with self.lock:
+                self.pending.clear()
+                self.scheduled = False
 
     def _drain(self) -> None:
         with self.lock:

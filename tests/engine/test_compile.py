@@ -72,11 +72,38 @@ def test_a_decode_form_warmup_missed_turns_full_guards_back_on(compiled_engine, 
     compiled_engine._compiled_forward = flaky
     try:
         out = compiled_engine.generate([render(TASKS[0])], SamplingParams(max_tokens=6, temperature=0))[0]
+        warmed_again = compiled_engine._warmed
     finally:
         compiled_engine._compiled_forward = real
         compiled_engine._warmed = True
     assert out.completion_tokens == 6 or out.finish_reason == "stop"
     assert compiled_engine.stats["rewarms"] == 1 and compiled_engine.compiled
+    assert warmed_again, "after the missing graph is built, guards are skipped again"
+
+
+def test_a_model_error_inside_a_compiled_call_is_raised_and_keeps_compile_on(compiled_engine, render):
+    real = compiled_engine._compiled_forward
+
+    def broken(**kwargs):
+        raise ValueError("a bug in the model, not in the compiler")
+
+    compiled_engine._compiled_forward = broken
+    try:
+        with pytest.raises(ValueError, match="a bug in the model"):
+            compiled_engine.generate([render(TASKS[2])], SamplingParams(max_tokens=4, temperature=0))
+    finally:
+        compiled_engine._compiled_forward = real
+        compiled_engine.remove(compiled_engine.running_ids())
+    assert compiled_engine.compiled and compiled_engine.stats["compile_fallbacks"] == 0
+
+
+def test_a_lone_one_token_prompt_needs_no_new_graph(compiled_engine):
+    graphs = counters["stats"]["unique_graphs"]
+    rewarms = compiled_engine.stats["rewarms"]
+    assert compiled_engine.num_running == 0
+    out = compiled_engine.generate([[1]], SamplingParams(max_tokens=5, temperature=0, ignore_eos=True))[0]
+    assert out.completion_tokens == 5
+    assert compiled_engine.stats["rewarms"] == rewarms and counters["stats"]["unique_graphs"] == graphs
 
 
 def test_compile_failure_falls_back_to_eager_and_keeps_serving(demo, render, caplog):

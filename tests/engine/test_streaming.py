@@ -57,3 +57,17 @@ def test_max_tokens_gives_length(demo, render):
     model, tokenizer = demo
     result = Engine(model, tokenizer).generate([render("json: name=ana age=31")], SamplingParams(max_tokens=3, temperature=0))[0]
     assert result.finish_reason == "length" and result.completion_tokens == 3
+
+
+def test_detokenizer_without_a_rust_backend_decodes_the_same(demo):
+    _, tokenizer = demo
+
+    class SlowTokenizer:  # only the public decode, as a non-fast tokenizer offers
+        def decode(self, ids, **kwargs):
+            return tokenizer.decode(ids, **kwargs)
+
+    ids = tokenizer("reverse: ünïcödé 漢字 😀 moon")["input_ids"]
+    fast, slow = IncrementalDetokenizer(tokenizer), IncrementalDetokenizer(SlowTokenizer())
+    assert fast._backend_decode is not None and slow._backend_decode is None
+    deltas = ["".join(d.add(i) for i in ids) + d.flush() for d in (fast, slow)]
+    assert deltas[0] == deltas[1] == tokenizer.decode(ids, skip_special_tokens=True)

@@ -34,3 +34,11 @@ def test_int8_result_and_delta_are_recorded_beside_the_full_precision_one(store)
     assert result["int8"] is True
     again = evaluate_version(store, ref, n_per_family=4)  # re-running full precision keeps the variant
     assert store.manifest(ref).eval["variants"]["int8"] == int8 and again["variants"]["int8"] == int8
+
+
+def test_int8_refuses_a_delta_against_a_different_prompt_set(store):
+    ref = ModelRef("tiny", "1")
+    evaluate_version(store, ref, n_per_family=4)
+    with pytest.raises(StoreError, match="--n-per-family 4"):
+        evaluate_version(store, ref, n_per_family=2, int8=True)
+    assert "variants" not in store.manifest(ref).eval
