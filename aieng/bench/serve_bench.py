@@ -61,9 +61,7 @@ def request_bodies(tokenizer, model_name: str, count: int, max_tokens: int, *, p
 
 
 def measure_levels(base_url: str, bodies_for, config: ServeBenchConfig, progress=None) -> dict:
-    warm = run_load(base_url, bodies_for(8), concurrency=8)  # warm-up round, not reported
-    if warm.ok == 0:
-        raise RuntimeError(f"{base_url} answered none of the warm-up requests (status {warm.status_counts})")
+    warm_up(base_url, bodies_for)
     out = {}
     for c in config.concurrencies:
         n = max(config.requests_per_level, 2 * c)
@@ -78,6 +76,13 @@ def pss_bytes(pid: int) -> int:
     raise RuntimeError(f"no Pss line for pid {pid}")
 
 
+def warm_up(base_url: str, bodies_for) -> None:
+    """An untimed round of 8 requests; a server that answers none of them is not measured."""
+    warm = run_load(base_url, bodies_for(8), concurrency=8)
+    if warm.ok == 0:
+        raise RuntimeError(f"{base_url} answered none of the warm-up requests (status {warm.status_counts})")
+
+
 def measure_pss(store: Path, model_ref: str, bodies_for) -> dict:
     """Memory of the service with 1 and with 2 preloaded workers, after traffic, by PSS.
 
@@ -90,9 +95,7 @@ def measure_pss(store: Path, model_ref: str, bodies_for) -> dict:
     sizes = {}
     for workers in (1, 2):
         with ServerProcess(store=store, model=model_ref, extra_args=["--workers", str(workers)]) as proc:
-            traffic = run_load(proc.base_url, bodies_for(8), concurrency=8)
-            if traffic.ok == 0:
-                raise RuntimeError(f"the {workers}-worker server answered no request (status {traffic.status_counts})")
+            warm_up(proc.base_url, bodies_for)  # PSS after traffic, not of an idle process
             sizes[workers] = (sum(worker_pss(proc, workers)), pss_bytes(proc.process.pid))
     (one_workers, one_master), (two_workers, two_master) = sizes[1], sizes[2]
     return {"one_worker_bytes": one_workers, "two_workers_bytes": two_workers,
@@ -203,9 +206,9 @@ def measure_metrics_overhead(store: Path, model_ref: str, bodies_for, config: Se
                              progress=None, concurrency: int = 32) -> dict:
     """Two servers, identical but for ``AIENG_METRICS``, up at the same time and driven in turns
     (on, off, off, on, ...), so both see the same machine. Per round: p50 latency, req/s, and the
-    server's CPU seconds per request. CPU per request is the steadier measure on a shared machine:
-    the metrics cost is CPU work done on the request's path, and latency noise between rounds is
-    larger than the 2% being looked for.
+    server's CPU seconds per request. Latency noise between rounds is larger than the 2% being
+    looked for, so the target uses each round's paired on/off ratio; CPU per request is reported
+    beside it as the steadier measure of the work metrics add.
     """
     import statistics
 
@@ -215,7 +218,7 @@ def measure_metrics_overhead(store: Path, model_ref: str, bodies_for, config: Se
             ServerProcess(store=store, model=model_ref, extra_args=["--workers", "1"], env={"AIENG_METRICS": "0"}) as off:
         servers = {"on": on, "off": off}
         for proc in servers.values():
-            run_load(proc.base_url, bodies_for(8), concurrency=8)  # warm-up round
+            warm_up(proc.base_url, bodies_for)
         for round_index in range(config.metrics_overhead_rounds):
             order = ["on", "off"] if round_index % 2 == 0 else ["off", "on"]  # ABBA: going first is no advantage
             for label in order:

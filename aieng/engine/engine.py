@@ -44,7 +44,7 @@ class OutOfMemoryRowError(AiengError):
 @dataclass(frozen=True)
 class EngineConfig:
     max_batch_size: int = 64  # rows decoded together at most
-    compile: bool = False  # torch.compile the decode forward (see `_compile_decode`); `aieng serve` turns it on
+    compile: bool = False  # torch.compile prefill and decode (see `_compile_forward`); `aieng serve` turns it on
     quantize_int8: bool = False  # dynamic int8 Linear layers on CPU (measured; off by default)
     warmup_prompt_lengths: tuple[int, ...] = (8, 32, 128)
     warmup_batch_sizes: tuple[int, ...] = (1, 8)

@@ -75,9 +75,10 @@ class KVBatch:
     def make_contiguous(self) -> "KVBatch":
         """Give every cache tensor the plain contiguous layout.
 
-        A prefill leaves keys as a transposed view and ``trim`` as a slice; decode steps are always
-        handed contiguous tensors, so a compiled decode graph (which is specialised on strides)
-        sees one layout whatever the batch's history. The copy happens only on prefill and trim.
+        A compiled prefill returns the cache in whatever layout inductor chose, and ``trim`` leaves
+        slices; decode steps are always handed contiguous tensors, so a compiled decode graph (which
+        is specialised on strides) sees one layout whatever the batch's history. The copy happens
+        only on prefill and trim, and costs nothing when the layout is already plain.
         """
         for layer in self.cache.layers:
             layer.keys = layer.keys.contiguous()

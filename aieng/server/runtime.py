@@ -12,6 +12,7 @@ Split in two phases because of the process model:
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import threading
@@ -69,12 +70,8 @@ class Runtime:
         if _wants_cuda(load_config.device):
             store.verify_or_raise(type(self.ref)(self.ref.name, version))  # load happens in the worker
             return
-        previous = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
+        with _one_torch_thread():
             self.loaded = load_version(store, type(self.ref)(self.ref.name, version), load_config)
-        finally:
-            torch.set_num_threads(previous)
         gc.collect()
         gc.freeze()
 
@@ -91,14 +88,9 @@ class Runtime:
         """
         if self.loaded is None or self.config.torch_threads != 1:
             return None
-        previous = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
-            self.engine = Engine(self.loaded.model, self.loaded.tokenizer, context_length=self.loaded.context_length,
-                                 config=self.config.engine)
+        with _one_torch_thread():
+            self.engine = self._build_engine()
             seconds = self.engine.warmup()
-        finally:
-            torch.set_num_threads(previous)
         if self.engine.compiled:
             from torch._inductor.async_compile import shutdown_compile_workers
 
@@ -116,8 +108,7 @@ class Runtime:
             self.loaded = load_version(store, self.ref, LoadConfig.from_settings(self.settings))
         self.model_version = self.loaded.version
         if self.engine is None:  # not built before fork (CUDA, several torch threads, or in-process use)
-            self.engine = Engine(self.loaded.model, self.loaded.tokenizer, context_length=self.loaded.context_length,
-                                 config=self.config.engine)
+            self.engine = self._build_engine()
         observer = MetricsObserver() if self.settings.metrics else None
         self.engine_loop = EngineLoop(self.engine, self.config.scheduler, observer=observer)
         self.bridge = Bridge(self.engine_loop, self.engine, metrics_enabled=self.settings.metrics,
@@ -133,6 +124,10 @@ class Runtime:
             threading.Thread(target=self._warm_then_serve, name="aieng-warmup", daemon=True).start()
         else:
             self._warm_then_serve()
+
+    def _build_engine(self) -> Engine:
+        return Engine(self.loaded.model, self.loaded.tokenizer, context_length=self.loaded.context_length,
+                      config=self.config.engine)
 
     def _warm_then_serve(self) -> None:
         self.warmup_seconds = self.engine.warmup()
@@ -174,3 +169,14 @@ class Runtime:
 
 def _wants_cuda(device: str) -> bool:
     return device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
+
+
+@contextlib.contextmanager
+def _one_torch_thread():
+    """Run model work in the master on one thread: no OpenMP pool may exist when workers fork."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
