@@ -4,6 +4,11 @@ Every failure a user can cause or meet carries a stable ``code`` (the string cli
 runbooks match on), an HTTP status (so the server maps it without a lookup table), and a
 message that says what to do next. The CLI prints ``message`` on one line and exits non-zero;
 the server wraps it in OpenAI's error envelope.
+
+Classes whose errors can end an HTTP request say so with ``request_path = True`` (and list any
+other ``code`` they are raised with in ``other_codes``): ``request_error_codes()`` collects them,
+and the server pre-creates ``aieng_request_errors_total{code}`` at zero for each, so ``rate()``
+and the alert rules work before the first error.
 """
 
 from __future__ import annotations
@@ -15,6 +20,12 @@ class AiengError(Exception):
     code: str = "internal_error"
     status: int = 500
     type: str = "server_error"
+    request_path: bool = True  # an unexpected failure answers any request as internal_error
+    other_codes: tuple[str, ...] = ()
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cls.request_path = cls.__dict__.get("request_path", False)  # each class opts in itself
 
     def __init__(self, message: str, *, param: str | None = None, code: str | None = None):
         super().__init__(message)
@@ -34,6 +45,17 @@ class InvalidRequestError(AiengError):
     code = "invalid_parameter"
     status = 400
     type = "invalid_request_error"
+    request_path = True
+    other_codes = ("context_length_exceeded",)
+
+
+class RequestTooLargeError(InvalidRequestError):
+    """The request body is over the server's limit (refused before it is parsed)."""
+
+    code = "request_too_large"
+    status = 413
+    request_path = True
+    other_codes = ()
 
 
 class ModelNotFoundError(AiengError):
@@ -42,6 +64,7 @@ class ModelNotFoundError(AiengError):
     code = "model_not_found"
     status = 404
     type = "invalid_request_error"
+    request_path = True
 
 
 class StoreError(AiengError):
@@ -76,6 +99,7 @@ class NotReadyError(AiengError):
     code = "not_ready"
     status = 503
     type = "server_error"
+    request_path = True
 
 
 class ConfigError(AiengError):
@@ -84,3 +108,19 @@ class ConfigError(AiengError):
     code = "invalid_setting"
     status = 400
     type = "invalid_request_error"
+
+
+def request_error_codes() -> list[str]:
+    """Every error code a request can end with, from the classes imported so far that opt in.
+
+    The server calls it once every request-path module is imported (engine, scheduler, HTTP).
+    """
+    codes: set[str] = set()
+    pending = [AiengError]
+    while pending:
+        cls = pending.pop()
+        pending.extend(cls.__subclasses__())
+        if cls.request_path:
+            codes.add(cls.code)
+            codes.update(cls.other_codes)
+    return sorted(codes)

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, replace
 import torch
 
 from aieng.engine import SamplingParams
-from aieng.engine.engine import Engine, EngineConfig
+from aieng.engine import Engine, EngineConfig
 
 BENCH_PROMPTS = [
     "reverse: apple stone river moon", "add: 27+58", "json: name=ana age=31 city=oslo", "sort: river apple stone",

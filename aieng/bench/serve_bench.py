@@ -21,7 +21,7 @@ import httpx
 
 from aieng.bench.engine_bench import render_prompts
 from aieng.bench.load import LoadResult, run_load
-from aieng.server.launcher import ServerProcess, free_port
+from aieng.bench.server_process import ServerProcess, free_port
 
 
 @dataclass

@@ -9,7 +9,7 @@ from __future__ import annotations
 import statistics
 import time
 
-from aieng.engine.engine import Engine, GenerationRequest
+from aieng.engine import Engine, GenerationRequest
 from aieng.engine.params import SamplingParams
 
 

@@ -86,7 +86,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     prepare_multiprocess_dir()  # before anything imports prometheus_client
     from aieng.observability.logs import configure_logging
-    from aieng.server.run import serve
+    from aieng.server.process.serve import serve
 
     keys = ("host", "port", "model", "workers", "torch_threads", "device", "dtype", "max_batch_size", "max_batch_tokens", "max_queue",
             "max_queue_delay_ms", "request_timeout_s", "graceful_timeout_s", "drain_delay_s", "compile", "int8")

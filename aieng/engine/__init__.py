@@ -1,13 +1,20 @@
-"""Text generation: the hand-written prefill/decode loop over a continuously batched KV cache.
+"""Text generation: the prefill/decode loop over a continuously batched KV cache.
 
-- ``engine``: the Engine (prefill, decode, remove; generate and stream on top)
+- ``engine``: the Engine (``step`` = remove + prefill + decode; ``generate`` and ``stream`` on top)
+- ``request``: what goes in (GenerationRequest) and comes out (TokenEvent, StepResult)
+- ``row``: one running row's state and its finish rule
 - ``kv_batch``: the right-aligned batch cache rows join and leave
+- ``compiled``: torch.compile of the forward and its warm/rewarm/fallback state
+- ``oom``: out-of-memory detection and the bisection prefill and decode share
 - ``sampling``, ``stops``, ``detokenize``: per-row sampling, stop strings, incremental text
-- ``params``: sampling parameters and request validation
+- ``params``: sampling parameters and the one request validation
+- ``chat``: rendering messages through the model's chat template
+- ``reference``, ``parity``: transformers' ``generate`` as the reference the engine must match
 """
 
-from aieng.engine.engine import Engine, EngineConfig, GenerationRequest, TokenEvent
+from aieng.engine.engine import Engine, EngineConfig
 from aieng.engine.params import GenerationResult, SamplingParams, validate_request
+from aieng.engine.request import GenerationRequest, StepResult, TokenEvent
 
-__all__ = ["Engine", "EngineConfig", "GenerationRequest", "GenerationResult", "SamplingParams", "TokenEvent",
-           "validate_request"]
+__all__ = ["Engine", "EngineConfig", "GenerationRequest", "GenerationResult", "SamplingParams", "StepResult",
+           "TokenEvent", "validate_request"]

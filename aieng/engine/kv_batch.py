@@ -18,6 +18,7 @@ transformers' cache internals (``cache.layers[i].keys``/``.values``) are touched
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -120,6 +121,19 @@ class KVBatch:
 
     def nbytes(self) -> int:
         return sum(layer.keys.nbytes + layer.values.nbytes for layer in self.cache.layers)
+
+
+def left_pad(prompts: Sequence[Sequence[int]], pad_id: int, *, min_length: int = 1
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-align prompts (the batch's layout): ids and mask [n, L], L = the longest, at least ``min_length``."""
+    longest = max(min_length, max(len(p) for p in prompts))
+    ids = torch.full((len(prompts), longest), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), longest), dtype=torch.long)
+    for i, prompt in enumerate(prompts):
+        if prompt:
+            ids[i, longest - len(prompt):] = torch.tensor(list(prompt), dtype=torch.long)
+            mask[i, longest - len(prompt):] = 1
+    return ids, mask
 
 
 def _layer_like(template, keys: torch.Tensor, values: torch.Tensor):

@@ -1,8 +1,31 @@
-"""Recognise out-of-memory failures on any device, so the engine can split a batch and retry."""
+"""Out of memory: recognise it on any device, and bisect a batch until what is left fits.
+
+A batch that does not fit is split in halves and each half retried; a single row that still does
+not fit fails alone (``OutOfMemoryRowError``, 503) and the engine carries on. Prefill and decode
+use the same ``bisect_on_oom``.
+"""
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
 import torch
+
+from aieng.errors import AiengError
+
+log = logging.getLogger("aieng.engine")
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+class OutOfMemoryRowError(AiengError):
+    code = "out_of_memory"
+    status = 503
+    type = "server_error"
+    request_path = True
 
 
 def is_out_of_memory(exc: BaseException) -> bool:
@@ -18,3 +41,36 @@ def release_cached_memory(device: torch.device) -> None:
     """After a CUDA OOM, hand cached blocks back so the retry sees them."""
     if device.type == "cuda":
         torch.cuda.empty_cache()
+
+
+def bisect_on_oom(items: Sequence[T], attempt: Callable[[Sequence[T]], R], *, combine: Callable[[R, R], R],
+                  fail_one: Callable[[T, BaseException], R], device: torch.device, phase: str,
+                  on_split: Callable[[], None] = lambda: None) -> R:
+    """``attempt(items)``; on out-of-memory, the same on each half, ``combine``-d; one item alone: ``fail_one``.
+
+    Any other exception propagates unchanged. ``phase`` ("prefill" or "decode") names the split
+    in the log line; ``on_split`` is called once per out-of-memory caught (the engine counts them).
+    """
+    try:
+        return attempt(items)
+    except Exception as exc:
+        if not is_out_of_memory(exc):
+            raise
+        release_cached_memory(device)
+        on_split()
+        log.warning("out of memory in a %s of %d rows; splitting", phase, len(items),
+                    extra={"event": "engine_oom_split", "phase": phase, "rows": len(items)})
+        if len(items) == 1:
+            return fail_one(items[0], exc)
+    half = len(items) // 2
+
+    def again(part):
+        return bisect_on_oom(part, attempt, combine=combine, fail_one=fail_one, device=device, phase=phase,
+                             on_split=on_split)
+
+    return combine(again(items[:half]), again(items[half:]))
+
+
+def out_of_memory_error() -> OutOfMemoryRowError:
+    return OutOfMemoryRowError("out of memory while generating for this request, even alone in its batch. "
+                               "Retry with a shorter prompt or fewer max_tokens")

@@ -1,4 +1,9 @@
-"""Sampling parameters and their validation: one precise message per rule (the TGI way)."""
+"""Sampling parameters and their validation: one precise message per rule (the TGI way).
+
+``validate_request`` is the single check a request passes, before it is queued (the server runs
+it off the event loop, right after tokenizing; ``Engine.generate`` runs it for its own callers).
+The engine thread never validates: a raise there would fail every row of the batch.
+"""
 
 from __future__ import annotations
 
@@ -50,7 +55,9 @@ class GenerationResult:
 
 
 def validate_request(prompt_tokens: int, params: SamplingParams, context_length: int) -> None:
-    """Reject an empty prompt or one that cannot fit with its ``max_tokens`` in the context."""
+    """The one validation of a request, before it is queued: its parameters, then an empty prompt
+    or one that cannot fit with its ``max_tokens`` in the context. Raises InvalidRequestError (400)."""
+    params.validate()
     if prompt_tokens == 0:
         raise InvalidRequestError("prompt must not be empty", param="prompt")
     requested = prompt_tokens + params.max_tokens

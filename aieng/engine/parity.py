@@ -8,29 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
-from aieng.engine.engine import Engine
+from aieng.engine.engine import Engine, EngineConfig
 from aieng.engine.params import SamplingParams
-
-
-def reference_tokens(model, tokenizer, prompts: list[str], max_new_tokens: int) -> list[tuple[int, ...]]:
-    """``generate(do_sample=False)`` on the left-padded batch; each row cut after its first EOS."""
-    eos = tokenizer.eos_token_id
-    side, tokenizer.padding_side = tokenizer.padding_side, "left"
-    try:
-        enc = tokenizer(prompts, return_tensors="pt", padding=True).to(model.device)
-    finally:
-        tokenizer.padding_side = side
-    with torch.inference_mode():
-        out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
-                             pad_token_id=tokenizer.pad_token_id, eos_token_id=eos)
-    rows = []
-    for row in out[:, enc["input_ids"].shape[1]:].tolist():
-        if eos in row:
-            row = row[: row.index(eos) + 1]
-        rows.append(tuple(row))
-    return rows
+from aieng.engine.reference import reference_greedy
 
 
 @dataclass
@@ -46,9 +26,11 @@ class ParityReport:
 
 def parity_report(model, tokenizer, prompts: list[str], *, max_new_tokens: int = 24,
                   engine: Engine | None = None) -> ParityReport:
-    engine = engine or Engine(model, tokenizer)
-    ours = [r.token_ids for r in engine.generate(prompts, SamplingParams(max_tokens=max_new_tokens, temperature=0))]
-    theirs = reference_tokens(model, tokenizer, prompts, max_new_tokens)
+    """Both sides get the same token ids and stop on the same end-of-sequence ids (the engine's)."""
+    engine = engine or Engine(model, tokenizer, config=EngineConfig(compile=False))
+    ids = [engine.encode(p) for p in prompts]
+    ours = [r.token_ids for r in engine.generate(ids, SamplingParams(max_tokens=max_new_tokens, temperature=0))]
+    theirs = reference_greedy(model, ids, max_new_tokens=max_new_tokens, eos_ids=engine.eos_ids, pad_id=engine.pad_id)
     mismatches = []
     for i, (a, b) in enumerate(zip(ours, theirs)):
         if a != b:

@@ -28,6 +28,11 @@ def choose_device(requested: str = "auto") -> torch.device:
     return device
 
 
+def wants_cuda(requested: str) -> bool:
+    """Whether ``requested`` ends up on CUDA, decided without creating a CUDA context (safe before fork)."""
+    return requested.startswith("cuda") or (requested == "auto" and torch.cuda.is_available())
+
+
 def choose_dtype(requested: str, device: torch.device) -> torch.dtype:
     if requested == "auto":
         if device.type == "cuda":

@@ -16,7 +16,8 @@ import torch
 from aieng.errors import AiengError, ModelLoadError
 from aieng.loading.device import choose_device, choose_dtype
 from aieng.loading.memory import MemoryBudget, check_memory_budget
-from aieng.metrics import MODEL_INFO, MODEL_LOAD_ERRORS, MODEL_LOAD_SECONDS
+from aieng.model_facts import model_context_length
+from aieng.observability.metrics import MODEL_INFO, MODEL_LOAD_ERRORS, MODEL_LOAD_SECONDS
 from aieng.store import Manifest, ModelRef, ModelStore
 from aieng.store.hashing import fingerprint
 from aieng.store.introspect import inspect_folder, needs_remote_code, read_config
@@ -50,7 +51,7 @@ class LoadedModel:
 
     @property
     def context_length(self) -> int:
-        return int(getattr(self.model.config, "max_position_embeddings", 2048))
+        return model_context_length(self.model)
 
 
 def load_version(store: ModelStore, ref: ModelRef, config: LoadConfig = LoadConfig()) -> LoadedModel:

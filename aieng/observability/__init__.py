@@ -1,2 +1,2 @@
 """Seeing what the service does: JSON logs keyed by trace id, and Prometheus metrics that stay
-correct across gunicorn workers (``aieng.metrics`` holds the metric definitions)."""
+correct across gunicorn workers (``aieng.observability.metrics`` holds the metric definitions)."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from aieng.engine.engine import GenerationRequest
+from aieng.engine import GenerationRequest
 from aieng.engine.params import SamplingParams
 from aieng.scheduler.policy import QueuedRequest, SchedulerConfig, WaitingQueue
 

@@ -19,7 +19,8 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
-from aieng.engine.engine import GenerationRequest
+from aieng.engine.request import GenerationRequest
+from aieng.scheduler.stats import RequestStats
 
 PRIORITIES = {"interactive": 0, "batch": 1}
 
@@ -40,17 +41,19 @@ class SchedulerConfig:
 
 @dataclass
 class QueuedRequest:
+    """A request in the scheduler's hands, waiting or running: the scheduler's record of it."""
+
     request: GenerationRequest
     priority: str = "interactive"
     arrival: float = 0.0  # clock seconds
     deadline: float | None = None  # clock seconds
     seq: int = 0  # arrival order, the final tie-break
-    sink: object = field(default=None, repr=False)  # where the loop sends this request's events
-    # filled in by the engine loop (clock seconds), for the request's log line
-    admitted_at: float | None = None
-    first_token_at: float | None = None
-    finished_at: float | None = None
-    prefill_s: float | None = None
+    sink: object = field(default=None, repr=False)  # where this request's events are delivered
+    stats: RequestStats = field(default=None)  # type: ignore[assignment]  # set from ``arrival`` when None
+
+    def __post_init__(self):
+        if self.stats is None:
+            self.stats = RequestStats(arrival=self.arrival)
 
     @property
     def request_id(self) -> str:

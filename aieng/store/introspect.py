@@ -15,6 +15,7 @@ from pathlib import Path
 from safetensors import safe_open
 
 from aieng.errors import StoreError
+from aieng.model_facts import context_length
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".ckpt")
 
@@ -98,14 +99,6 @@ def weight_facts(folder: Path) -> tuple[tuple[str, ...], int, str]:
             raise StoreError(f"{folder / rel} is not a readable safetensors file: {exc}") from exc
     dtype = _DTYPE_NAMES.get(by_dtype.most_common(1)[0][0], by_dtype.most_common(1)[0][0].lower()) if by_dtype else "unknown"
     return files, total, dtype
-
-
-def context_length(config: dict) -> int | None:
-    for key in ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length"):
-        if isinstance(config.get(key), int):
-            return config[key]
-    text = config.get("text_config")
-    return context_length(text) if isinstance(text, dict) else None
 
 
 def prompt_template(folder: Path) -> dict | None:

@@ -7,7 +7,7 @@ import pytest
 
 from aieng.bench.load import _plain_content_chunk, percentile, run_load
 from aieng.bench.serve_bench import request_bodies
-from aieng.server.launcher import ServerProcess
+from aieng.bench.server_process import ServerProcess
 
 AIENG_MID = 'data: {"id":"c","object":"text_completion","created":1,"model":"demo","choices":[{"index":0,"text":" apple","logprobs":null,"finish_reason":null}]}'
 AIENG_LAST = 'data: {"id":"c","object":"text_completion","created":1,"model":"demo","choices":[{"index":0,"text":"","logprobs":null,"finish_reason":"length"}]}'

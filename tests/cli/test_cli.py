@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from aieng.server.launcher import ServerProcess, ServerStartError
+from aieng.bench.server_process import ServerProcess, ServerStartError
 
 COMMANDS = [[], ["demo"], ["demo", "build"], ["demo", "install"], ["model"], ["model", "register"], ["model", "list"],
             ["model", "show"], ["model", "verify"], ["model", "promote"], ["model", "rollback"], ["model", "remove"],

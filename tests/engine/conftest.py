@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from aieng.engine.chat import user_prompt
+
 
 @pytest.fixture(scope="session")
 def demo(demo_model_dir):
@@ -35,8 +37,4 @@ def qwen(demo):
 def render(demo):
     _, tokenizer = demo
 
-    def _render(message: str) -> str:
-        return tokenizer.apply_chat_template([{"role": "user", "content": message}], tokenize=False,
-                                             add_generation_prompt=True)
-
-    return _render
+    return lambda message: user_prompt(tokenizer, message)

@@ -8,7 +8,9 @@ import torch
 from torch._dynamo.utils import counters
 
 from aieng.engine import SamplingParams
-from aieng.engine.engine import Engine, EngineConfig, GenerationRequest
+from aieng.engine import Engine, EngineConfig, GenerationRequest
+
+EAGER = EngineConfig(compile=False)  # the compiled path has its own tests (test_compile.py)
 
 TASKS = ["reverse: apple stone river", "add: 27+58", "json: name=ana age=31 city=oslo", "sort: river apple stone",
          "reverse: boat door glass milk road", "sort: zoo oak moon king", "add: 3+4", "json: color=red score=7"]
@@ -52,7 +54,7 @@ def test_compiled_decode_matches_eager_and_compiles_nothing_after_warmup(compile
     model, tokenizer = demo
     graphs_after_warmup = counters["stats"]["unique_graphs"]
     compiled = run_schedule(compiled_engine, render)
-    eager = run_schedule(Engine(model, tokenizer), render)
+    eager = run_schedule(Engine(model, tokenizer, config=EAGER), render)
     assert compiled == eager
     assert compiled_engine.compiled
     assert compiled_engine.stats["rewarms"] == 0 and compiled_engine.stats["compile_fallbacks"] == 0
@@ -60,7 +62,7 @@ def test_compiled_decode_matches_eager_and_compiles_nothing_after_warmup(compile
 
 
 def test_a_decode_form_warmup_missed_turns_full_guards_back_on(compiled_engine, render):
-    real = compiled_engine._compiled_forward
+    real = compiled_engine.forward._compiled
     calls = {"n": 0}
 
     def flaky(**kwargs):
@@ -69,30 +71,30 @@ def test_a_decode_form_warmup_missed_turns_full_guards_back_on(compiled_engine, 
             raise RuntimeError("Recompilation triggered with skip_guard_eval_unsafe stance.")
         return real(**kwargs)
 
-    compiled_engine._compiled_forward = flaky
+    compiled_engine.forward._compiled = flaky
     try:
         out = compiled_engine.generate([render(TASKS[0])], SamplingParams(max_tokens=6, temperature=0))[0]
-        warmed_again = compiled_engine._warmed
+        warmed_again = compiled_engine.forward.warm
     finally:
-        compiled_engine._compiled_forward = real
-        compiled_engine._warmed = True
+        compiled_engine.forward._compiled = real
+        compiled_engine.forward.mark_warm()
     assert out.completion_tokens == 6 or out.finish_reason == "stop"
     assert compiled_engine.stats["rewarms"] == 1 and compiled_engine.compiled
     assert warmed_again, "after the missing graph is built, guards are skipped again"
 
 
 def test_a_model_error_inside_a_compiled_call_is_raised_and_keeps_compile_on(compiled_engine, render):
-    real = compiled_engine._compiled_forward
+    real = compiled_engine.forward._compiled
 
     def broken(**kwargs):
         raise ValueError("a bug in the model, not in the compiler")
 
-    compiled_engine._compiled_forward = broken
+    compiled_engine.forward._compiled = broken
     try:
         with pytest.raises(ValueError, match="a bug in the model"):
             compiled_engine.generate([render(TASKS[2])], SamplingParams(max_tokens=4, temperature=0))
     finally:
-        compiled_engine._compiled_forward = real
+        compiled_engine.forward._compiled = real
         compiled_engine.remove(compiled_engine.running_ids())
     assert compiled_engine.compiled and compiled_engine.stats["compile_fallbacks"] == 0
 
@@ -113,10 +115,10 @@ def test_compile_failure_falls_back_to_eager_and_keeps_serving(demo, render, cap
     def broken(**kwargs):
         raise torch._dynamo.exc.Unsupported("this model cannot be traced")  # what a failed trace raises
 
-    engine._compiled_forward = broken
+    engine.forward._compiled = broken
     params = SamplingParams(max_tokens=8, temperature=0)
     got = engine.generate([render(TASKS[1])], params)[0]
-    want = Engine(model, tokenizer).generate([render(TASKS[1])], params)[0]
+    want = Engine(model, tokenizer, config=EAGER).generate([render(TASKS[1])], params)[0]
     assert got.token_ids == want.token_ids
     assert not engine.compiled and engine.stats["compile_fallbacks"] == 1
     assert any("continuing eagerly" in r.getMessage() for r in caplog.records)

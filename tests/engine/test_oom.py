@@ -3,31 +3,37 @@
 import torch
 
 from aieng.engine import SamplingParams
-from aieng.engine.engine import Engine, GenerationRequest
+from aieng.engine import Engine, GenerationRequest, EngineConfig
+
+EAGER = EngineConfig(compile=False)  # the compiled path has its own tests (test_compile.py)
 
 
 def limit_batch(engine, max_rows, *, poison_length=None):
     """Make the forward pass raise OOM above ``max_rows`` rows (or for a poisoned prompt length)."""
-    real = engine._forward
+    real = engine.forward
 
-    def forward(**kwargs):
-        ids = kwargs["input_ids"]
-        if ids.shape[0] > max_rows:
-            raise torch.OutOfMemoryError("injected: CUDA out of memory. Tried to allocate 2.00 GiB")
-        if poison_length is not None and ids.shape[1] == poison_length:
-            raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory")
-        return real(**kwargs)
+    class Limited:
+        def __getattr__(self, name):  # compile state (active, recover, ...) stays the real one's
+            return getattr(real, name)
 
-    engine._forward = forward
+        def __call__(self, **kwargs):
+            ids = kwargs["input_ids"]
+            if ids.shape[0] > max_rows:
+                raise torch.OutOfMemoryError("injected: CUDA out of memory. Tried to allocate 2.00 GiB")
+            if poison_length is not None and ids.shape[1] == poison_length:
+                raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory")
+            return real(**kwargs)
+
+    engine.forward = Limited()
 
 
 def test_oom_splits_the_batch_and_results_are_unchanged(demo, render):
     model, tokenizer = demo
     prompts = [render(p) for p in ["reverse: egg fish gold", "add: 12+30", "json: pet=cat age=4", "sort: tree king", "reverse: pen oak sand"]]
     params = SamplingParams(max_tokens=16, temperature=0)
-    expected = [r.text for r in Engine(model, tokenizer).generate(prompts, params)]
+    expected = [r.text for r in Engine(model, tokenizer, config=EAGER).generate(prompts, params)]
 
-    engine = Engine(model, tokenizer)
+    engine = Engine(model, tokenizer, config=EAGER)
     limit_batch(engine, 2)
     got = [r.text for r in engine.generate(prompts, params)]
     assert got == expected
@@ -36,7 +42,7 @@ def test_oom_splits_the_batch_and_results_are_unchanged(demo, render):
 
 def test_a_row_that_cannot_run_alone_fails_alone_and_the_engine_keeps_serving(demo, render):
     model, tokenizer = demo
-    engine = Engine(model, tokenizer)
+    engine = Engine(model, tokenizer, config=EAGER)
     good = [GenerationRequest(f"ok{i}", engine.encode(render(p)), SamplingParams(max_tokens=12, temperature=0))
             for i, p in enumerate(["reverse: egg fish gold", "add: 22+22"])]
     poison = GenerationRequest("huge", [7] * 97, SamplingParams(max_tokens=12, temperature=0))
@@ -54,10 +60,10 @@ def test_a_row_that_cannot_run_alone_fails_alone_and_the_engine_keeps_serving(de
 
 def test_decode_oom_splits_the_running_batch(demo, render):
     model, tokenizer = demo
-    engine = Engine(model, tokenizer)
+    engine = Engine(model, tokenizer, config=EAGER)
     prompts = [render(p) for p in ["reverse: egg fish gold hill", "json: score=12 city=rome", "sort: wolf cake jam"]]
     params = SamplingParams(max_tokens=16, temperature=0)
-    expected = [r.token_ids for r in Engine(model, tokenizer).generate(prompts, params)]
+    expected = [r.token_ids for r in Engine(model, tokenizer, config=EAGER).generate(prompts, params)]
     requests = [GenerationRequest(str(i), engine.encode(p), params) for i, p in enumerate(prompts)]
     events = engine.prefill(requests)  # all three join while memory is plentiful
     limit_batch(engine, 1)  # then memory shrinks: every decode must split down to single rows

@@ -2,8 +2,10 @@ import pytest
 import torch
 
 from aieng.engine import SamplingParams
-from aieng.engine.engine import Engine, GenerationRequest
+from aieng.engine import Engine, GenerationRequest, EngineConfig
 from aieng.engine.sampling import apply_repetition_penalty, filter_top_k_top_p, new_generator, sample_row
+
+EAGER = EngineConfig(compile=False)  # the compiled path has its own tests (test_compile.py)
 
 
 def test_repetition_penalty_follows_hf_semantics():
@@ -30,7 +32,7 @@ def test_sampling_is_reproducible_per_seed_and_varies_across_seeds():
 
 def test_top_k_1_and_tiny_top_p_equal_greedy(demo, render):
     model, tokenizer = demo
-    engine = Engine(model, tokenizer)
+    engine = Engine(model, tokenizer, config=EAGER)
     prompt = render("json: name=bob age=17")
     greedy = engine.generate([prompt], SamplingParams(max_tokens=16, temperature=0))[0].text
     assert engine.generate([prompt], SamplingParams(max_tokens=16, temperature=1.5, top_k=1, seed=3))[0].text == greedy
@@ -39,7 +41,7 @@ def test_top_k_1_and_tiny_top_p_equal_greedy(demo, render):
 
 def test_a_seeded_row_is_reproducible_whatever_its_batch_mates(demo, render):
     model, tokenizer = demo
-    engine = Engine(model, tokenizer)
+    engine = Engine(model, tokenizer, config=EAGER)
     seeded = SamplingParams(max_tokens=20, temperature=1.3, seed=1234)
     alone = engine.generate([render("sort: river apple stone")], seeded)[0].token_ids
     mates = [render("add: 11+22"), render("reverse: egg fish gold hill ice"), render("sort: river apple stone")]
@@ -50,7 +52,7 @@ def test_a_seeded_row_is_reproducible_whatever_its_batch_mates(demo, render):
 
 def test_high_temperature_without_seed_gives_varied_output(demo, render):
     model, tokenizer = demo
-    engine = Engine(model, tokenizer)
+    engine = Engine(model, tokenizer, config=EAGER)
     outs = {engine.generate([render("reverse: apple stone river")], SamplingParams(max_tokens=12, temperature=5.0))[0].text
             for _ in range(5)}
     assert len(outs) > 1
@@ -58,7 +60,7 @@ def test_high_temperature_without_seed_gives_varied_output(demo, render):
 
 def test_repetition_penalty_changes_the_output(demo, render):
     model, tokenizer = demo
-    engine = Engine(model, tokenizer)
+    engine = Engine(model, tokenizer, config=EAGER)
     prompt = render("reverse: stone stone stone stone")
     plain = engine.generate([prompt], SamplingParams(max_tokens=16, temperature=0))[0].text
     penalised = engine.generate([prompt], SamplingParams(max_tokens=16, temperature=0, repetition_penalty=5.0))[0].text

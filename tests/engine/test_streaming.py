@@ -2,8 +2,10 @@ import pytest
 
 from aieng.engine import SamplingParams
 from aieng.engine.detokenize import IncrementalDetokenizer
-from aieng.engine.engine import Engine
+from aieng.engine import Engine, EngineConfig
 from aieng.engine.stops import StopMatcher
+
+EAGER = EngineConfig(compile=False)  # the compiled path has its own tests (test_compile.py)
 
 TEXTS = ["naïve café — 東京タワー 🚀🔥 emoji and ascii", "ünïcödé 😀😃😄 mixed 中文字符 text", "plain words apple stone river"]
 
@@ -34,7 +36,7 @@ def test_stop_matcher_without_stops_passes_through():
 
 def test_stream_deltas_concatenate_to_the_final_text(demo, render):
     model, tokenizer = demo
-    engine = Engine(model, tokenizer)
+    engine = Engine(model, tokenizer, config=EAGER)
     prompt = render("json: name=ana age=31")
     events = list(engine.stream(prompt, SamplingParams(max_tokens=40, temperature=0)))
     final = engine.generate([prompt], SamplingParams(max_tokens=40, temperature=0))[0]
@@ -45,7 +47,7 @@ def test_stream_deltas_concatenate_to_the_final_text(demo, render):
 
 def test_stop_string_is_excluded_and_finishes_the_row(demo, render):
     model, tokenizer = demo
-    engine = Engine(model, tokenizer)
+    engine = Engine(model, tokenizer, config=EAGER)
     prompt = render("reverse: apple stone river")
     events = list(engine.stream(prompt, SamplingParams(max_tokens=16, temperature=0, stop=(" apple",))))
     text = "".join(e.text for e in events)
@@ -55,7 +57,7 @@ def test_stop_string_is_excluded_and_finishes_the_row(demo, render):
 
 def test_max_tokens_gives_length(demo, render):
     model, tokenizer = demo
-    result = Engine(model, tokenizer).generate([render("json: name=ana age=31")], SamplingParams(max_tokens=3, temperature=0))[0]
+    result = Engine(model, tokenizer, config=EAGER).generate([render("json: name=ana age=31")], SamplingParams(max_tokens=3, temperature=0))[0]
     assert result.finish_reason == "length" and result.completion_tokens == 3
 
 

@@ -1,6 +1,6 @@
 import pytest
 
-from aieng.server.launcher import ServerProcess
+from aieng.bench.server_process import ServerProcess
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ import time
 import httpx
 import pytest
 
-from aieng.server.launcher import ServerProcess
+from aieng.bench.server_process import ServerProcess
 
 TRACE = "0af7651916cd43dd8448eb211c80319c"
 

@@ -5,8 +5,9 @@ from types import SimpleNamespace
 import pytest
 from prometheus_client import CollectorRegistry, Histogram
 
-from aieng import metrics
-from aieng.scheduler.observer import MetricsObserver
+from aieng.observability import metrics
+from aieng.engine import StepResult
+from aieng.observability.observer import MetricsObserver
 
 
 def _samples(histogram_name, registry):
@@ -34,16 +35,15 @@ def test_observe_many_falls_back_when_the_library_internals_move():
 
 def test_tokens_per_second_is_a_sliding_window(monkeypatch):
     clock = {"now": 100.0}
-    monkeypatch.setattr("aieng.scheduler.observer.time.monotonic", lambda: clock["now"])
+    monkeypatch.setattr("aieng.observability.observer.time.monotonic", lambda: clock["now"])
     observer = MetricsObserver(window_s=5.0, resource_every_s=1e9)
-    engine = SimpleNamespace(last_timings=(None, 0.01, 8))
+    step = StepResult(decode_s=0.01, decoded_rows=8)
     for _ in range(11):  # 8 tokens every second for 10 s
-        observer.on_step(engine, running=8, waiting=0)
+        observer.on_step(step, running=8, waiting=0, now=clock["now"])
         clock["now"] += 1.0
     clock["now"] -= 1.0
     # the window keeps the steps of the last 5 s: 6 steps x 8 tokens over a 5 s span
     assert metrics.TOKENS_PER_SECOND._value.get() == pytest.approx(6 * 8 / 5.0)
-    engine.last_timings = (None, None, 0)
     clock["now"] += 100.0  # a long pause: everything older than 5 s leaves the window
-    observer.on_step(engine, running=0, waiting=0)
+    observer.on_step(StepResult(), running=0, waiting=0, now=clock["now"])
     assert metrics.TOKENS_PER_SECOND._value.get() == 0

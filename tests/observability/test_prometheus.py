@@ -8,7 +8,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from aieng.server.launcher import free_port
+from aieng.bench.server_process import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 needs_prometheus = pytest.mark.skipif(shutil.which("prometheus") is None or shutil.which("promtool") is None,

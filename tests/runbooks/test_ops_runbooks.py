@@ -4,7 +4,7 @@ import pytest
 from papermill.exceptions import PapermillExecutionError
 
 from aieng.runbooks import execute
-from aieng.server.launcher import ServerProcess
+from aieng.bench.server_process import ServerProcess
 
 pytestmark = pytest.mark.slow
 

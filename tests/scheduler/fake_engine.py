@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from aieng.engine.engine import TokenEvent
+from aieng.engine import StepResult, TokenEvent
 
 
 class FakeEngine:
@@ -23,7 +23,8 @@ class FakeEngine:
             del self.rows[r]
         return removed
 
-    def step(self, joiners=()):
+    def step(self, joiners=(), leaving=()):
+        self.remove(leaving)
         events = []
         for request in joiners:
             self.rows[request.request_id] = [request, 0]
@@ -38,4 +39,5 @@ class FakeEngine:
                                      prompt_tokens=len(request.prompt_ids), completion_tokens=row[1]))
             if done:
                 del self.rows[request_id]
-        return events
+        return StepResult(events, prefill_s=0.001 if joiners else None, decode_s=0.001 if events else None,
+                          decoded_rows=len(events))

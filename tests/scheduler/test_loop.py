@@ -26,8 +26,8 @@ def make(config=SchedulerConfig(max_queue_delay_ms=0)):
 
 def submit(loop, name, *, tokens=3, prompt_len=10, priority="interactive", timeout=None):
     events = []
-    loop.submit(GenerationRequest(name, [1] * prompt_len, SamplingParams(max_tokens=tokens)), events.append,
-                priority=priority, timeout=timeout)
+    loop.scheduler.submit(GenerationRequest(name, [1] * prompt_len, SamplingParams(max_tokens=tokens)), events.append,
+                          priority=priority, timeout=timeout)
     return events
 
 
@@ -40,7 +40,7 @@ def test_requests_join_between_steps_and_leave_when_finished():
     assert engine.steps[1] == {"joiners": ["b"], "prompt_lengths": [10], "batch": 2}
     loop.run_once()
     assert a[-1].finished and b[-1].finished
-    assert loop.num_running == 0 and engine.num_running == 0
+    assert loop.scheduler.num_running == 0 and engine.num_running == 0
     assert [e.text for e in a] == ["t1 ", "t2 ", "t3 "]
 
 
@@ -49,7 +49,7 @@ def test_batch_size_is_bounded():
     for i in range(5):
         submit(loop, f"r{i}", tokens=10)
     loop.run_once()
-    assert engine.steps[-1]["batch"] == 2 and loop.num_waiting == 3
+    assert engine.steps[-1]["batch"] == 2 and loop.scheduler.num_waiting == 3
 
 
 def test_full_queue_is_429_with_retry_after():
@@ -66,7 +66,7 @@ def test_cancelled_row_leaves_within_one_step():
     events = submit(loop, "gone", tokens=100)
     submit(loop, "stays", tokens=100)
     loop.run_once()
-    loop.cancel("gone")
+    loop.scheduler.cancel("gone")
     loop.run_once()
     assert engine.running_ids() == ["stays"]
     assert len(events) == 1  # nothing after the cancellation
@@ -77,9 +77,9 @@ def test_cancel_while_waiting_removes_from_queue():
     submit(loop, "running", tokens=100)
     submit(loop, "waiting", tokens=100)
     loop.run_once()
-    loop.cancel("waiting")
+    loop.scheduler.cancel("waiting")
     loop.run_once()
-    assert loop.num_waiting == 0 and engine.running_ids() == ["running"]
+    assert loop.scheduler.num_waiting == 0 and engine.running_ids() == ["running"]
 
 
 def test_deadline_fails_running_and_waiting_requests_with_timeout():
@@ -139,12 +139,12 @@ def test_drain_refuses_new_requests_but_finishes_running_ones():
     loop, engine, clock = make()
     events = submit(loop, "inflight", tokens=3)
     loop.run_once()
-    loop.drain()
+    loop.scheduler.drain()
     with pytest.raises(NotReadyError):
         submit(loop, "new")
     loop.run_once()
     loop.run_once()
-    assert events[-1].finished and loop.idle()
+    assert events[-1].finished and loop.scheduler.idle()
 
 
 def test_the_thread_runs_requests_to_completion():
@@ -159,7 +159,7 @@ def test_the_thread_runs_requests_to_completion():
         if event.finished:
             done.set()
 
-    loop.submit(GenerationRequest("x", [1, 2], SamplingParams(max_tokens=4)), sink)
+    loop.scheduler.submit(GenerationRequest("x", [1, 2], SamplingParams(max_tokens=4)), sink)
     assert done.wait(5)
     loop.stop()
     assert [e.completion_tokens for e in events] == [1, 2, 3, 4]

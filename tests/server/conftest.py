@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from aieng.server.launcher import ServerProcess
+from aieng.bench.server_process import ServerProcess
 
 
 @pytest.fixture(scope="module")

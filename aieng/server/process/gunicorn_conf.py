@@ -4,9 +4,9 @@
 value says why it is what it is.
 """
 
-worker_class = "aieng.server.worker.AiengUvicornWorker"
+worker_class = "aieng.server.process.worker.AiengUvicornWorker"
 # Weights are verified and loaded once in the master, then shared copy-on-write by the workers
-# (see aieng.server.runtime: one torch thread and gc.freeze() before fork; nothing on CUDA).
+# (see aieng.server.process.runtime: one torch thread and gc.freeze() before fork; nothing on CUDA).
 preload_app = True
 # A worker that stops heart-beating this long is killed and replaced. The engine runs in its own
 # thread, so the event loop keeps heart-beating even during long generations.

@@ -10,7 +10,7 @@ import httpx
 import psutil
 import pytest
 
-from aieng.server.launcher import ServerProcess
+from aieng.bench.server_process import ServerProcess
 
 
 def stream_to_end(base_url, body, results, index):

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import time
 
-from aieng import metrics
+from aieng.errors import RequestTooLargeError
+from aieng.observability import metrics
 from aieng.observability import tracing
 
 
@@ -81,10 +82,10 @@ class BodySizeLimitMiddleware:
             await self._reject(send)
 
     async def _reject(self, send):
-        metrics.REQUEST_ERRORS.labels(code="request_too_large").inc()
-        body = json.dumps({"error": {"message": f"request body exceeds the limit of {self.max_bytes} bytes",
-                                     "type": "invalid_request_error", "param": None, "code": "request_too_large"}}).encode()
-        await send({"type": "http.response.start", "status": 413,
+        error = RequestTooLargeError(f"request body exceeds the limit of {self.max_bytes} bytes")
+        metrics.REQUEST_ERRORS.labels(code=error.code).inc()
+        body = json.dumps(error.envelope()).encode()
+        await send({"type": "http.response.start", "status": error.status,
                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
         await send({"type": "http.response.body", "body": body})
 

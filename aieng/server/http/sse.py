@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 
-from aieng import metrics
+from aieng.observability import metrics
 from aieng.engine import TokenEvent
 
 

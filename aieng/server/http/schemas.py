@@ -1,7 +1,7 @@
 """Request and response bodies in OpenAI's shapes, so the official clients work unchanged.
 
 Unknown fields are ignored (``extra="ignore"``), as OpenAI's server does; wrong types are turned
-into a 400 naming the field by ``aieng.server.errors``. aieng's own extensions are marked.
+into a 400 naming the field by ``aieng.server.http.errors``. aieng's own extensions are marked.
 """
 
 from __future__ import annotations

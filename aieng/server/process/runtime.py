@@ -21,14 +21,16 @@ from dataclasses import dataclass
 
 import torch
 
-from aieng import metrics
+from aieng.observability import metrics
 from aieng.engine import Engine, EngineConfig
-from aieng.errors import NotReadyError
+from aieng.errors import NotReadyError, request_error_codes
+from aieng.loading.device import wants_cuda
 from aieng.loading.loader import LoadConfig, LoadedModel, load_version
 from aieng.observability.logs import set_service
 from aieng.scheduler import EngineLoop, SchedulerConfig
-from aieng.scheduler.observer import MetricsObserver
-from aieng.server.bridge import Bridge
+from aieng.observability.observer import MetricsObserver
+from aieng.server.http.bridge import Bridge
+from aieng.server.http.inputs import RequestBuilder
 from aieng.settings import Settings
 from aieng.store import ModelStore, parse_ref
 
@@ -43,6 +45,15 @@ class RuntimeConfig:
     torch_threads: int | None = None  # per worker; None = leave torch's default
     drain_delay_s: float = 1.0  # after SIGTERM: report 503 this long before closing the listener
 
+    @classmethod
+    def from_settings(cls, settings: Settings) -> "RuntimeConfig":
+        """The one place where ``Settings`` (environment and flags) become component configs."""
+        engine = EngineConfig(compile=settings.compile, quantize_int8=settings.int8)
+        scheduler = SchedulerConfig(max_batch_size=settings.max_batch_size, max_batch_tokens=settings.max_batch_tokens,
+                                    max_queue=settings.max_queue, max_queue_delay_ms=settings.max_queue_delay_ms,
+                                    default_timeout_s=settings.request_timeout_s)
+        return cls(settings=settings, engine=engine, scheduler=scheduler, drain_delay_s=settings.drain_delay_s)
+
 
 class Runtime:
     def __init__(self, config: RuntimeConfig):
@@ -51,8 +62,9 @@ class Runtime:
         self.ref = parse_ref(self.settings.model)
         self.loaded: LoadedModel | None = None
         self.engine: Engine | None = None
-        self.engine_loop: EngineLoop | None = None
+        self.engine_loop: EngineLoop | None = None  # the engine thread; requests go to its scheduler
         self.bridge: Bridge | None = None
+        self.inputs: RequestBuilder | None = None
         self.ready = False
         self.draining = False
         self.started_at = time.time()
@@ -67,7 +79,7 @@ class Runtime:
         version = store.resolve(self.ref)
         self.model_version = version
         load_config = LoadConfig.from_settings(self.settings)
-        if _wants_cuda(load_config.device):
+        if wants_cuda(load_config.device):
             store.verify_or_raise(type(self.ref)(self.ref.name, version))  # load happens in the worker
             return
         with _one_torch_thread():
@@ -109,14 +121,13 @@ class Runtime:
         self.model_version = self.loaded.version
         if self.engine is None:  # not built before fork (CUDA, several torch threads, or in-process use)
             self.engine = self._build_engine()
-        observer = MetricsObserver() if self.settings.metrics else None
-        self.engine_loop = EngineLoop(self.engine, self.config.scheduler, observer=observer)
-        self.bridge = Bridge(self.engine_loop, self.engine, metrics_enabled=self.settings.metrics,
-                             payload_sample=self.settings.log_payload_sample)
+        observers = [MetricsObserver()] if self.settings.metrics else []
+        self.engine_loop = EngineLoop(self.engine, self.config.scheduler, observers=observers)
+        self.bridge = Bridge(self.engine_loop.scheduler, metrics_enabled=self.settings.metrics)
+        self.inputs = RequestBuilder(self.engine.tokenizer, self.engine.context_length)
         set_service(self.model_name, self.model_version)
         metrics.QUEUE_CAPACITY.set(self.config.scheduler.max_queue)
-        for code in ("invalid_parameter", "context_length_exceeded", "overloaded", "timeout", "out_of_memory",
-                     "internal_error", "not_ready"):
+        for code in request_error_codes():
             metrics.REQUEST_ERRORS.labels(code=code)  # zeros from the start, so rate() and alerts work
         baseline = (self.loaded.manifest.performance_baseline or {}) if self.loaded.manifest else {}
         metrics.TOKENS_PER_SECOND_BASELINE.set(float(baseline.get("tokens_per_s") or 0.0))
@@ -156,7 +167,7 @@ class Runtime:
         """Readiness turns 503 and no new request is admitted; in-flight ones finish."""
         self.draining = True
         if self.engine_loop is not None:
-            self.engine_loop.drain()
+            self.engine_loop.scheduler.drain()
 
     def stop(self) -> None:
         if self.engine_loop is not None:
@@ -165,10 +176,6 @@ class Runtime:
     @property
     def context_length(self) -> int:
         return self.engine.context_length if self.engine else 0
-
-
-def _wants_cuda(device: str) -> bool:
-    return device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
 
 
 @contextlib.contextmanager

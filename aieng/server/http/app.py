@@ -1,4 +1,9 @@
-"""The FastAPI application: routes only. Tokenization runs in threads, generation in the engine thread."""
+"""The FastAPI application: routes only.
+
+A generation request goes: body parsed and checked (pydantic, ``schemas``) → prompt rendered,
+tokenized and validated off the event loop (``inputs``) → queued with the scheduler and read back
+token by token (``bridge``) → an OpenAI-shaped response, whole or as server-sent events (``sse``).
+"""
 
 from __future__ import annotations
 
@@ -9,22 +14,24 @@ import uuid
 
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
-from aieng.engine import SamplingParams
-from aieng.metrics import update_resource_gauges
-from aieng.observability.prom import metrics_text
+
 from aieng.errors import InvalidRequestError, ModelNotFoundError, NotReadyError
-from aieng.server.errors import install_error_handlers
-from aieng.server.middleware import BodySizeLimitMiddleware, RequestContextMiddleware
-from aieng.server.runtime import Runtime
-from aieng.server.schemas import (AssistantMessage, ChatChoice, ChatCompletionRequest, ChatCompletionResponse,
-                                  CompletionChoice, CompletionRequest, CompletionResponse, ModelCard, ModelList,
-                                  Usage)
-from aieng.server.sse import stream_chunks
+from aieng.observability.metrics import update_resource_gauges
+from aieng.observability.prom import metrics_text
+from aieng.server.http.disconnect import unless_disconnected
+from aieng.server.http.errors import install_error_handlers
+from aieng.server.http.middleware import BodySizeLimitMiddleware, RequestContextMiddleware
+from aieng.server.http.request_log import log_finished
+from aieng.server.http.schemas import (AssistantMessage, ChatChoice, ChatCompletionRequest, ChatCompletionResponse,
+                                       CompletionChoice, CompletionRequest, CompletionResponse, ModelCard, ModelList,
+                                       Usage)
+from aieng.server.http.sse import stream_chunks
 
 CLIENT_CLOSED_REQUEST = 499  # nginx's code for "the client went away"; nobody reads the body
 
 
-def create_app(runtime: Runtime, *, max_body_bytes: int = 1_000_000, start_runtime: bool = True) -> FastAPI:
+def create_app(runtime, *, max_body_bytes: int = 1_000_000, start_runtime: bool = True) -> FastAPI:
+    """``runtime``: the process's ``aieng.server.process.runtime.Runtime`` (model, scheduler, readiness)."""
     @contextlib.asynccontextmanager
     async def lifespan(_app):
         if start_runtime:
@@ -63,24 +70,14 @@ def create_app(runtime: Runtime, *, max_body_bytes: int = 1_000_000, start_runti
     async def completions(body: CompletionRequest, request: Request):
         await runtime.wait_ready()
         _check_common(runtime, body)
-        if body.echo:
-            raise InvalidRequestError("echo is not supported", param="echo")
-        if body.logprobs is not None:
-            raise InvalidRequestError("logprobs are not supported", param="logprobs")
-        prompt = _single_prompt(body.prompt)
-        params = _sampling(body, body.max_tokens)
-        generation = await runtime.bridge.prepare(None, prompt, params)
-        return await _respond(runtime, request, body, generation, chat=False, prompt=prompt)
+        generation = await runtime.inputs.completion(body)
+        return await _respond(runtime, request, body, generation, chat=False, prompt=body.prompt)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         await runtime.wait_ready()
         _check_common(runtime, body)
-        if body.logprobs:
-            raise InvalidRequestError("logprobs are not supported", param="logprobs")
-        ids = await asyncio.to_thread(_render_chat, runtime, body)
-        max_tokens = body.max_completion_tokens or body.max_tokens or max(1, runtime.context_length - len(ids))
-        generation = await runtime.bridge.prepare(ids, None, _sampling(body, max_tokens))
+        generation = await runtime.inputs.chat(body)
         return await _respond(runtime, request, body, generation, chat=True,
                               prompt=[m.model_dump() for m in body.messages])
 
@@ -89,7 +86,7 @@ def create_app(runtime: Runtime, *, max_body_bytes: int = 1_000_000, start_runti
     return app
 
 
-def _check_common(runtime: Runtime, body) -> None:
+def _check_common(runtime, body) -> None:
     runtime.require_ready()
     if body.model not in (runtime.model_name, f"{runtime.model_name}@{runtime.model_version}"):
         raise ModelNotFoundError(f"model {body.model!r} is not served here; this server serves {runtime.model_name!r}",
@@ -98,25 +95,11 @@ def _check_common(runtime: Runtime, body) -> None:
         raise InvalidRequestError(f"n must be 1, got {body.n}", param="n")
 
 
-def _sampling(body, max_tokens: int) -> SamplingParams:
-    stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
-    return SamplingParams(max_tokens=max_tokens, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
-                          repetition_penalty=body.repetition_penalty, seed=body.seed, stop=stop,
-                          ignore_eos=body.ignore_eos).validate()
-
-
-def _render_chat(runtime: Runtime, body: ChatCompletionRequest) -> list[int]:
-    tokenizer = runtime.engine.tokenizer
-    if not getattr(tokenizer, "chat_template", None):
-        raise InvalidRequestError("this model has no chat template; use /v1/completions", param="messages")
-    messages = [{"role": m.role, "content": m.text()} for m in body.messages]
-    return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False))
-
-
-async def _respond(runtime: Runtime, request: Request, body, generation, *, chat: bool, prompt):
+async def _respond(runtime, request: Request, body, generation, *, chat: bool, prompt):
     bridge = runtime.bridge
     submission = bridge.submit(generation, priority=body.priority, timeout=body.timeout)
     route = request.url.path
+    sample = runtime.settings.log_payload_sample
     response_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
     created = int(time.time())
     if body.stream:
@@ -129,12 +112,12 @@ async def _respond(runtime: Runtime, request: Request, body, generation, *, chat
                                                  include_usage=include_usage):
                     yield chunk
             finally:
-                bridge.log_finished(submission, route=route, prompt=prompt)
+                log_finished(submission, route=route, prompt=prompt, payload_sample=sample)
 
         return StreamingResponse(chunks(), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-    final = await bridge.collect(submission, request.receive)
-    bridge.log_finished(submission, route=route, prompt=prompt)
+    final = await unless_disconnected(bridge.result(submission), request.receive)
+    log_finished(submission, route=route, prompt=prompt, payload_sample=sample)
     if final is None:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
     if final.error is not None:
@@ -148,14 +131,3 @@ async def _respond(runtime: Runtime, request: Request, body, generation, *, chat
                                                           finish_reason=final.finish_reason)])
     return CompletionResponse(id=response_id, created=created, model=runtime.model_name, usage=usage,
                               choices=[CompletionChoice(text=text, finish_reason=final.finish_reason)])
-
-
-def _single_prompt(prompt: str | list[str]) -> str:
-    if isinstance(prompt, list):
-        if len(prompt) != 1:
-            raise InvalidRequestError(f"prompt must be a string or a list of one string, got a list of {len(prompt)}",
-                                      param="prompt")
-        prompt = prompt[0]
-    if not prompt:
-        raise InvalidRequestError("prompt must not be empty", param="prompt")
-    return prompt

@@ -9,7 +9,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from aieng import metrics
+from aieng.observability import metrics
 from aieng.errors import AiengError, InvalidRequestError
 
 log = logging.getLogger("aieng.server")

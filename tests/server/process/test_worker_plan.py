@@ -1,6 +1,6 @@
 import pytest
 
-from aieng.server.workers import plan_workers
+from aieng.server.process.worker_plan import plan_workers
 
 GiB = 1024**3
 

@@ -16,7 +16,12 @@ The rules (why each one):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, replace
+
+from aieng.errors import ConfigError
+
+PER_WORKER_OVERHEAD = 384 * 2**20  # interpreter, tokenizer, HTTP stack, allocator slack
 
 
 @dataclass(frozen=True)
@@ -56,3 +61,42 @@ def _cpu_threads(cores: int, workers: int) -> int:
     """cores // workers, less the one core each worker's Python needs (at least 1)."""
     share = max(1, cores // workers)
     return max(1, share - 1)
+
+
+def plan_for_model(settings, loaded) -> WorkerPlan:
+    """The plan ``aieng serve`` runs: ``plan_workers`` fed with this host and the loaded model.
+
+    ``loaded`` is the master's ``LoadedModel`` (None when the weights load in the workers, on
+    CUDA): the weights count once (preload shares them), each worker adds its overhead and a KV
+    cache for ``max_batch_size`` rows at the full context length. ``settings.torch_threads``
+    (when not 0) overrides the thread count.
+    """
+    import psutil
+    import torch
+
+    from aieng.loading.device import wants_cuda
+
+    if settings.torch_threads < 0:
+        raise ConfigError(f"torch threads must be >= 0 (0 = cores // workers), got {settings.torch_threads}")
+    cuda = wants_cuda(settings.device)
+    weight_bytes = kv_bytes = 0
+    if loaded is not None:
+        params = loaded.manifest.num_parameters if loaded.manifest else sum(p.numel() for p in loaded.model.parameters())
+        weight_bytes = params * loaded.dtype.itemsize
+        kv_bytes = kv_cache_bytes(loaded.model.config, loaded.context_length, settings.max_batch_size,
+                                  loaded.dtype.itemsize)
+    gpus = torch.cuda.device_count() if cuda else 0
+    plan = plan_workers(cores=os.cpu_count() or 1, available_bytes=psutil.virtual_memory().available,
+                        weight_bytes=weight_bytes, per_worker_bytes=PER_WORKER_OVERHEAD + kv_bytes,
+                        device="cuda" if gpus else "cpu", gpus=gpus, requested=settings.workers)
+    if settings.torch_threads:
+        plan = replace(plan, torch_threads=settings.torch_threads,
+                       reason=plan.reason + f"; torch threads set to {settings.torch_threads}")
+    return plan
+
+
+def kv_cache_bytes(config, context_length: int, rows: int, element_bytes: int) -> int:
+    """Keys and values of every layer for ``rows`` sequences of ``context_length`` tokens."""
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    return 2 * config.num_hidden_layers * kv_heads * head_dim * context_length * rows * element_bytes

@@ -1,0 +1,54 @@
+"""What goes into the engine and what comes out of a step.
+
+- ``GenerationRequest``: a validated, tokenized request (``params.validate_request`` ran before
+  it was queued; the engine does not validate again).
+- ``TokenEvent``: one row's output of one step: the new token and text, and on the last event
+  why the row finished.
+- ``StepResult``: everything a step produced, events and timings, handed to the scheduler's
+  ``update`` (which turns events into deliveries and feeds the observers).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from aieng.engine.params import SamplingParams
+from aieng.errors import AiengError
+
+
+@dataclass
+class GenerationRequest:
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    trace_id: str | None = None  # carried into engine-thread log lines
+
+
+@dataclass
+class TokenEvent:
+    request_id: str
+    token_id: int | None
+    text: str  # the new text (may be empty while a character or a possible stop string is incomplete)
+    finished: bool = False
+    finish_reason: str | None = None  # "stop" | "length" | "error"
+    finish_cause: str | None = None  # "eos" | "stop_string" | "max_tokens" | "context_limit" | "error"
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    error: AiengError | None = None
+    token_ids: tuple[int, ...] = ()  # all generated ids, on the finishing event only
+
+
+def error_event(request_id: str, error: AiengError, *, prompt_tokens: int = 0) -> TokenEvent:
+    """The final event of a request that failed (out of memory, deadline, engine failure)."""
+    return TokenEvent(request_id, None, "", finished=True, finish_reason="error", finish_cause="error",
+                      prompt_tokens=prompt_tokens, error=error)
+
+
+@dataclass
+class StepResult:
+    """One iteration of continuous batching: joiners prefilled, then every running row decoded."""
+
+    events: list[TokenEvent] = field(default_factory=list)
+    prefill_s: float | None = None  # None: nobody joined this step
+    decode_s: float | None = None  # None: no row was decoded
+    decoded_rows: int = 0  # rows in the decode step (the batch size the metrics observe)

@@ -1,0 +1,70 @@
+"""One running row: its sampler state, its text so far, and the rule for when it is finished.
+
+A row finishes on the first of: an end-of-sequence token (unless ``ignore_eos``), a stop string,
+``max_tokens``, or the model's context length. Text is released only when it is safe: a
+multi-byte character is never split, and nothing that could still become a stop string is
+streamed (see ``stops`` and ``detokenize``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from aieng.engine.detokenize import IncrementalDetokenizer
+from aieng.engine.request import GenerationRequest, TokenEvent
+from aieng.engine.sampling import new_generator
+from aieng.engine.stops import StopMatcher
+
+
+@dataclass
+class Row:
+    request: GenerationRequest
+    generator: torch.Generator
+    detokenizer: IncrementalDetokenizer
+    stops: StopMatcher
+    seen: torch.Tensor | None  # prompt + generated ids, only when repetition_penalty != 1
+    generated: list[int] = field(default_factory=list)
+    last_token: int = -1
+
+    @classmethod
+    def start(cls, request: GenerationRequest, tokenizer, device: torch.device) -> "Row":
+        params = request.params
+        seen = (torch.tensor(request.prompt_ids, dtype=torch.long, device=device)
+                if params.repetition_penalty != 1.0 else None)
+        return cls(request=request, generator=new_generator(params.seed, device),
+                   detokenizer=IncrementalDetokenizer(tokenizer), stops=StopMatcher(params.stop), seen=seen)
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    def advance(self, token: int, *, eos_ids: set[int], context_length: int) -> TokenEvent:
+        """Take the token sampled for this row; return its event (``finished`` when the row is done)."""
+        params = self.request.params
+        self.generated.append(token)
+        self.last_token = token
+        if self.seen is not None:
+            self.seen = torch.cat([self.seen, self.seen.new_tensor([token])])
+        finish = cause = None
+        if token in eos_ids and not params.ignore_eos:
+            text, finish, cause = self.stops.feed(self.detokenizer.flush()), "stop", "eos"
+        else:
+            text = self.stops.feed(self.detokenizer.add(token))
+            if self.stops.stopped:
+                finish, cause = "stop", "stop_string"
+            elif len(self.generated) >= params.max_tokens:
+                finish, cause = "length", "max_tokens"
+            elif len(self.request.prompt_ids) + len(self.generated) >= context_length:
+                finish, cause = "length", "context_limit"
+            if cause in ("max_tokens", "context_limit"):  # the last token: release held-back text
+                text += self.stops.feed(self.detokenizer.flush())
+                if self.stops.stopped:
+                    finish, cause = "stop", "stop_string"
+        if finish is not None and not self.stops.stopped:
+            text += self.stops.flush()
+        return TokenEvent(self.request_id, token, text, finished=finish is not None, finish_reason=finish,
+                          finish_cause=cause, prompt_tokens=len(self.request.prompt_ids),
+                          completion_tokens=len(self.generated),
+                          token_ids=tuple(self.generated) if finish is not None else ())

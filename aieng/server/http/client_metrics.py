@@ -1,0 +1,44 @@
+"""Per-request metrics as the client sees them, recorded on the event loop as tokens arrive.
+
+Time to first token counts from submission to the first token reaching the event loop; the
+inter-token latencies are the gaps between tokens there. Both are closer to what a client sees
+than anything the engine thread could measure. Inter-token latencies are flushed to the histogram
+in bulk (``metrics.observe_many``) every ``ITL_FLUSH_EVERY`` tokens and at the end, so a long
+generation still shows up in a scrape while it runs.
+"""
+
+from __future__ import annotations
+
+from aieng.engine import TokenEvent
+from aieng.observability import metrics
+
+ITL_FLUSH_EVERY = 16
+
+
+class ClientMetrics:
+    def __init__(self, *, priority: str, max_tokens: int, submitted: float, enabled: bool = True):
+        self.priority = priority
+        self.max_tokens = max_tokens
+        self.submitted = submitted  # perf_counter seconds
+        self.enabled = enabled
+        self._previous: float | None = None
+        self._gaps: list[float] = []
+
+    def on_event(self, event: TokenEvent, now: float) -> None:
+        if not self.enabled:
+            return
+        if event.token_id is not None:
+            if self._previous is None:
+                metrics.TIME_TO_FIRST_TOKEN.labels(priority=self.priority).observe(now - self.submitted)
+            else:
+                self._gaps.append(now - self._previous)
+                if len(self._gaps) >= ITL_FLUSH_EVERY:
+                    self.flush()
+        self._previous = now
+        if event.finished:
+            metrics.record_finished(event, max_tokens=self.max_tokens)
+
+    def flush(self) -> None:
+        if self._gaps:
+            metrics.observe_many(metrics.INTER_TOKEN_LATENCY, self._gaps)
+            self._gaps = []
