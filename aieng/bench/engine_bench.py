@@ -14,8 +14,8 @@ from dataclasses import asdict, dataclass, replace
 
 import torch
 
-from aieng.engine import SamplingParams
-from aieng.engine import Engine, EngineConfig
+from aieng.engine import Engine, EngineConfig, SamplingParams
+from aieng.engine.chat import user_prompt
 
 BENCH_PROMPTS = [
     "reverse: apple stone river moon", "add: 27+58", "json: name=ana age=31 city=oslo", "sort: river apple stone",
@@ -49,11 +49,7 @@ class EngineBenchResult:
 
 def render_prompts(tokenizer, count: int) -> list[str]:
     """Bench prompts, through the chat template when the tokenizer has one."""
-    prompts = [BENCH_PROMPTS[i % len(BENCH_PROMPTS)] for i in range(count)]
-    if getattr(tokenizer, "chat_template", None):
-        return [tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
-                                              add_generation_prompt=True) for p in prompts]
-    return prompts
+    return [user_prompt(tokenizer, BENCH_PROMPTS[i % len(BENCH_PROMPTS)]) for i in range(count)]
 
 
 def _median_time(fn, repeats: int) -> float:

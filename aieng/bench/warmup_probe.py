@@ -27,6 +27,7 @@ def first_request_latency(model_dir: str, *, warmup: bool, compile: bool = False
 def _main(argv: list[str]) -> int:
     start = time.perf_counter()
     from aieng.engine import Engine, EngineConfig, SamplingParams
+    from aieng.engine.chat import user_prompt
     from aieng.loading.loader import load_folder
 
     model_dir, requests, max_tokens = argv[0], int(argv[1]), int(argv[2])
@@ -34,8 +35,7 @@ def _main(argv: list[str]) -> int:
     load_s = time.perf_counter() - start
     engine = Engine(loaded.model, loaded.tokenizer, config=EngineConfig(compile="--compile" in argv))
     warmup_s = engine.warmup() if "--warmup" in argv else 0.0
-    prompt = loaded.tokenizer.apply_chat_template([{"role": "user", "content": "reverse: apple stone river"}],
-                                                  tokenize=False, add_generation_prompt=True)
+    prompt = user_prompt(loaded.tokenizer, "reverse: apple stone river")
     latencies = []
     for _ in range(requests):
         t0 = time.perf_counter()

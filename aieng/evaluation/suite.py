@@ -17,6 +17,10 @@ from pathlib import Path
 import torch
 
 from aieng.demo.corpus import FAMILIES, Example, held_out_examples
+from aieng.engine.chat import chat_text, user_prompt
+from aieng.engine.hf_model import pad_token_id
+from aieng.engine.reference import reference_greedy
+from aieng.model_facts import eos_token_ids
 
 #: Name recorded with the metrics. Bump when prompts, split or scoring change: numbers from
 #: different suite versions are not comparable.
@@ -47,55 +51,22 @@ class EvalReport:
         return data
 
 
-def _eos_ids(model, tokenizer) -> set[int]:
-    """Every id that ends a reply: the tokenizer's eos and the generation config's (may be a list)."""
-    ids: set[int] = set()
-    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    if isinstance(configured, int):
-        ids.add(configured)
-    elif configured:
-        ids.update(configured)
-    if tokenizer.eos_token_id is not None:
-        ids.add(tokenizer.eos_token_id)
-    if not ids:
-        raise ValueError("neither the tokenizer nor the generation config defines an eos token")
-    return ids
-
-
 def _prompt_texts(tokenizer, examples: list[Example]) -> list[str]:
-    return tokenizer.apply_chat_template(
-        [[{"role": "user", "content": e.prompt}] for e in examples],
-        tokenize=False,
-        add_generation_prompt=True,
-    )
+    return [user_prompt(tokenizer, e.prompt) for e in examples]
 
 
-@torch.inference_mode()
 def _generate_answers(model, tokenizer, examples, *, batch_size, max_new_tokens) -> list[str]:
-    eos = _eos_ids(model, tokenizer)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos)
-    device = next(model.parameters()).device
-    texts = _prompt_texts(tokenizer, examples)
+    """The reference generator's greedy replies (the same one the engine's parity is checked
+    against), up to the first end-of-sequence token, special tokens removed, stripped."""
+    eos = eos_token_ids(model, tokenizer)
+    pad_id = pad_token_id(tokenizer, eos)
+    prompts = tokenizer(_prompt_texts(tokenizer, examples), add_special_tokens=False)["input_ids"]
     answers: list[str] = []
-    previous_side = tokenizer.padding_side
-    tokenizer.padding_side = "left"  # new tokens of every row start at the same column
-    try:
-        for start in range(0, len(texts), batch_size):
-            enc = tokenizer(
-                texts[start : start + batch_size], padding=True, return_tensors="pt", add_special_tokens=False
-            ).to(device)
-            out = model.generate(
-                **enc,
-                do_sample=False,
-                max_new_tokens=max_new_tokens,
-                eos_token_id=sorted(eos),
-                pad_token_id=pad_id,
-            )
-            for row in out[:, enc["input_ids"].shape[1] :].tolist():
-                cut = next((i for i, t in enumerate(row) if t in eos), len(row))
-                answers.append(tokenizer.decode(row[:cut], skip_special_tokens=True).strip())
-    finally:
-        tokenizer.padding_side = previous_side
+    for start in range(0, len(prompts), batch_size):
+        for row in reference_greedy(model, prompts[start:start + batch_size], max_new_tokens=max_new_tokens,
+                                    eos_ids=eos, pad_id=pad_id):
+            reply = row[:-1] if row and row[-1] in eos else row
+            answers.append(tokenizer.decode(list(reply), skip_special_tokens=True).strip())
     return answers
 
 
@@ -106,15 +77,12 @@ def _answer_perplexity(model, tokenizer, examples, *, batch_size) -> float:
     Rows are right-padded and run without an attention mask: under the causal mask no real
     token sees the padding after it, so the scores are exact.
     """
-    eos = _eos_ids(model, tokenizer)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos)
+    pad_id = pad_token_id(tokenizer, eos_token_ids(model, tokenizer))
     device = next(model.parameters()).device
     prompts = tokenizer(_prompt_texts(tokenizer, examples), add_special_tokens=False)["input_ids"]
     # The reply is the full rendered conversation minus the rendered prompt (a prefix of it).
-    full_texts = tokenizer.apply_chat_template(
-        [[{"role": "user", "content": e.prompt}, {"role": "assistant", "content": e.answer}] for e in examples],
-        tokenize=False,
-    )
+    full_texts = [chat_text(tokenizer, [{"role": "user", "content": e.prompt}, {"role": "assistant", "content": e.answer}],
+                            add_generation_prompt=False) for e in examples]
     fulls = tokenizer(full_texts, add_special_tokens=False)["input_ids"]
     total_nll, total_tokens = 0.0, 0
     for start in range(0, len(fulls), batch_size):

@@ -18,6 +18,7 @@ def render(demo_model_dir):
     """Render a user message with the demo model's own chat template (what a chat client would send)."""
     from transformers import AutoTokenizer
 
+    from aieng.engine.chat import user_prompt
+
     tokenizer = AutoTokenizer.from_pretrained(demo_model_dir, local_files_only=True)
-    return lambda message: tokenizer.apply_chat_template([{"role": "user", "content": message}], tokenize=False,
-                                                         add_generation_prompt=True)
+    return lambda message: user_prompt(tokenizer, message)
