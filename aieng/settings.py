@@ -2,72 +2,111 @@
 
 A plain dataclass rather than a settings framework: the fields are few, the CLI passes
 overrides explicitly, and the same object is handed down to every component that needs it.
+``RuntimeConfig.from_settings`` (``aieng.server.process.runtime``) is the one place where they
+become the engine's, the scheduler's and the loader's configs; where a field mirrors a config's
+field its default is the config's (``tests/test_settings.py`` checks they agree).
+
+Each field's ``help`` is the text of ``aieng serve --help`` and of the settings table in
+``docs/architecture.md`` (regenerate it with ``python -m aieng.settings``; a test compares).
 """
 
 from __future__ import annotations
 
 import os
+import typing
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 
-def _env(name: str, default: str | None = None) -> str | None:
-    value = os.environ.get(name)
-    return value if value not in (None, "") else default
+def _setting(default, help: str, **kwargs):
+    if callable(default) and not isinstance(default, (bool, int, float, str)):
+        return field(default_factory=default, metadata={"help": help, **kwargs})
+    return field(default=default, metadata={"help": help, **kwargs})
 
 
 @dataclass(frozen=True)
 class Settings:
-    store: Path = field(default_factory=lambda: Path("var/store"))  # AIENG_STORE: the model store root
-    model: str = "demo"  # AIENG_MODEL: N or N@V served by `aieng serve`
-    host: str = "127.0.0.1"  # AIENG_HOST: loopback by default; set 0.0.0.0 behind a proxy deliberately
-    port: int = 8000  # AIENG_PORT
-    workers: str = "auto"  # AIENG_WORKERS: "auto" or a count
-    torch_threads: int = 0  # AIENG_TORCH_THREADS: torch threads per worker; 0 = the worker plan decides
-    device: str = "auto"  # AIENG_DEVICE: auto | cpu | cuda | cuda:N
-    dtype: str = "auto"  # AIENG_DTYPE: auto (fp32 on CPU, bf16 on CUDA when supported) | float32 | bfloat16 | float16
-    gpu_memory_fraction: float = 0.9  # AIENG_GPU_MEMORY_FRACTION: share of GPU memory the weights may plan to use
-    memory_headroom: float = 0.8  # AIENG_MEMORY_HEADROOM: share of available RAM the weights may plan to use
-    max_body_bytes: int = 1_000_000  # AIENG_MAX_BODY_BYTES: request-body limit (413 beyond)
-    log_level: str = "info"  # AIENG_LOG_LEVEL
-    max_batch_size: int = 32  # AIENG_MAX_BATCH_SIZE: rows decoded together (1 = batching off)
-    max_batch_tokens: int = 4096  # AIENG_MAX_BATCH_TOKENS: padded prompt tokens prefilled per step
-    max_queue: int = 256  # AIENG_MAX_QUEUE: waiting requests before 429
-    max_queue_delay_ms: float = 10.0  # AIENG_MAX_QUEUE_DELAY_MS: an idle engine waits this long to batch a burst
-    request_timeout_s: float = 300.0  # AIENG_REQUEST_TIMEOUT_S: deadline of requests that set no `timeout`
-    graceful_timeout_s: int = 30  # AIENG_GRACEFUL_TIMEOUT_S: in-flight requests' time to finish after SIGTERM
-    drain_delay_s: float = 1.0  # AIENG_DRAIN_DELAY_S: readiness is 503 this long before the listener closes
-    compile: bool = True  # AIENG_COMPILE: torch.compile prefill and decode during warm-up (0 = eager, fast start)
-    int8: bool = False  # AIENG_INT8: dynamic int8 Linear layers (CPU)
-    metrics: bool = True  # AIENG_METRICS: record Prometheus metrics (off only to measure their cost)
-    log_payload_sample: float = 0.0  # AIENG_LOG_PAYLOAD_SAMPLE: share of requests whose prompt and output are logged
+    store: Path = _setting(lambda: Path("var/store"), "model store root", shown="./var/store")
+    model: str = _setting("demo", "N or N@V to serve (N alone: N's current version)")
+    host: str = _setting("127.0.0.1", "bind address: loopback by default; set 0.0.0.0 behind a proxy deliberately")
+    port: int = _setting(8000, "bind port")
+    workers: str = _setting("auto", "auto or a count of worker processes (see --workers auto below)")
+    torch_threads: int = _setting(0, "torch threads per worker; 0 = the worker plan decides")
+    device: str = _setting("auto", "auto | cpu | cuda | cuda:N (auto: CUDA if present)")
+    dtype: str = _setting("auto", "auto | float32 | bfloat16 | float16 (auto: fp32 on CPU, bf16 on CUDA when supported)")
+    gpu_memory_fraction: float = _setting(0.9, "share of GPU memory the weights may plan to use")
+    memory_headroom: float = _setting(0.8, "share of available RAM the weights may plan to use")
+    max_body_bytes: int = _setting(1_000_000, "request body limit; 413 beyond")
+    log_level: str = _setting("info", "debug | info | warning | error; logs are JSON lines on stderr")
+    max_batch_size: int = _setting(32, "rows decoded together; 1 turns batching off")
+    max_batch_tokens: int = _setting(4096, "padded prompt tokens prefilled in one step")
+    max_queue: int = _setting(256, "waiting requests before 429 with Retry-After")
+    max_queue_delay_ms: float = _setting(10.0, "an idle engine waits this long to prefill a burst together")
+    request_timeout_s: float = _setting(300.0, "deadline of requests without a `timeout` field (504 after it)")
+    graceful_timeout_s: int = _setting(30, "after SIGTERM, in-flight requests get this long to finish")
+    drain_delay_s: float = _setting(1.0, "after SIGTERM, /health/ready is 503 this long before the listener closes")
+    compile: bool = _setting(True, "torch.compile prefill and decode during warm-up (0 = eager, fast start); "
+                                   "`aieng bench engine` measures the gain, notebook 03 the cost")
+    int8: bool = _setting(False, "int8 dynamic quantization of Linear layers, CPU only; "
+                                 "`aieng bench engine --int8` and `aieng eval N --int8` measure it")
+    metrics: bool = _setting(True, "record Prometheus metrics at /metrics (0 only to measure their cost)")
+    log_payload_sample: float = _setting(0.0, "share of requests whose prompt and output are logged, in [0, 1]",
+                                         kind="rate")
 
     @classmethod
     def from_env(cls, **overrides) -> "Settings":
         """Defaults, then ``AIENG_<FIELD>`` variables, then non-None ``overrides`` (CLI flags)."""
         values: dict = {}
         for f in fields(cls):
-            raw = _env(f"AIENG_{f.name.upper()}")
-            if raw is None:
-                continue
-            values[f.name] = _coerce(f.name, raw)
+            raw = os.environ.get(env_name(f.name))
+            if raw not in (None, ""):
+                values[f.name] = _coerce(f.name, raw)
         settings = cls(**values)
         clean = {k: (_coerce(k, v) if isinstance(v, str) else v) for k, v in overrides.items() if v is not None}
         return replace(settings, **clean)
 
 
+def env_name(name: str) -> str:
+    return f"AIENG_{name.upper()}"
+
+
+def default_text(f) -> str:
+    if "shown" in f.metadata:
+        return f.metadata["shown"]
+    value = f.default
+    return ("1" if value else "0") if isinstance(value, bool) else str(value)
+
+
+def settings_help() -> str:
+    """The settings block of ``aieng serve --help``: variable, default, meaning."""
+    import textwrap
+
+    lines = []
+    for f in fields(Settings):
+        text = f"{f.metadata['help']} [{default_text(f)}]"
+        lines += textwrap.wrap(text, width=100, initial_indent=f"  {env_name(f.name):26} ",
+                               subsequent_indent=" " * 29)
+    return "\n".join(lines)
+
+
+def settings_markdown_table() -> str:
+    """The settings table of docs/architecture.md."""
+    rows = ["| variable | default | meaning |", "| --- | --- | --- |"]
+    for f in fields(Settings):
+        rows.append(f"| `{env_name(f.name)}` | `{default_text(f)}` | {f.metadata['help']} |")
+    return "\n".join(rows)
+
+
 def _coerce(name: str, raw: str):
-    kinds = {"store": Path, "port": int, "torch_threads": int, "gpu_memory_fraction": float, "memory_headroom": float, "max_body_bytes": int,
-             "max_batch_size": int, "max_batch_tokens": int, "max_queue": int, "max_queue_delay_ms": float,
-             "request_timeout_s": float, "graceful_timeout_s": int, "drain_delay_s": float,
-             "compile": _flag, "int8": _flag, "metrics": _flag, "log_payload_sample": _rate}
-    kind = kinds.get(name, str)
+    f = next(f for f in fields(Settings) if f.name == name)
+    kind = _rate if f.metadata.get("kind") == "rate" else typing.get_type_hints(Settings)[name]
+    kind = _flag if kind is bool else kind
     try:
         return kind(raw)
     except ValueError as exc:
         from aieng.errors import ConfigError
 
-        raise ConfigError(f"AIENG_{name.upper()}={raw!r} is not a valid {kind.__name__.strip('_')}") from exc
+        raise ConfigError(f"{env_name(name)}={raw!r} is not a valid {kind.__name__.strip('_')}") from exc
 
 
 def _flag(raw: str) -> bool:
@@ -84,3 +123,7 @@ def _rate(raw: str) -> float:
     if not 0.0 <= value <= 1.0:
         raise ValueError(raw)
     return value
+
+
+if __name__ == "__main__":
+    print(settings_markdown_table())

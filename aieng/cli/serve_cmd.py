@@ -5,46 +5,23 @@ from __future__ import annotations
 import argparse
 
 from aieng.cli.common import settings_from, store_option_parent
+from aieng.settings import settings_help
 
 STORE = store_option_parent()
 
-DESCRIPTION = """\
+DESCRIPTION = f"""\
 Verify, load and serve a model over an OpenAI-compatible HTTP API: a gunicorn master that loads
 the weights once (preload) and forks uvicorn workers that share them; each worker runs the
 continuous-batching engine in its own thread and warms up before /health/ready turns 200.
 
-Settings (environment variable, overridden by the flag):
-  AIENG_STORE                model store root (./var/store)
-  AIENG_MODEL                N or N@V to serve (demo = demo's current version)
-  AIENG_HOST, AIENG_PORT     bind address (127.0.0.1:8000)
-  AIENG_WORKERS              auto or a count (auto)
-  AIENG_DEVICE               auto | cpu | cuda | cuda:N (auto: CUDA if present)
-  AIENG_DTYPE                auto | float32 | bfloat16 | float16 (auto: fp32 on CPU, bf16 on CUDA)
-  AIENG_MAX_BATCH_SIZE       rows decoded together; 1 turns batching off (32)
-  AIENG_MAX_BATCH_TOKENS     padded prompt tokens prefilled in one step (4096)
-  AIENG_MAX_QUEUE            waiting requests before 429 + Retry-After (256)
-  AIENG_MAX_QUEUE_DELAY_MS   an idle engine waits this long to prefill a burst together (10)
-  AIENG_REQUEST_TIMEOUT_S    deadline of requests without a `timeout` field (300)
-  AIENG_GRACEFUL_TIMEOUT_S   after SIGTERM, in-flight requests get this long (30)
-  AIENG_DRAIN_DELAY_S        after SIGTERM, /health/ready is 503 this long before the listener closes (1)
-  AIENG_MEMORY_HEADROOM      share of available RAM the weights may use (0.8)
-  AIENG_GPU_MEMORY_FRACTION  share of GPU memory the weights may use (0.9)
-  AIENG_MAX_BODY_BYTES       request body limit, 413 beyond (1000000)
-  AIENG_COMPILE              torch.compile prefill and decode during warm-up (1). On the demo
-                             model generation ran ~2.1x faster at batch 1 and ~1.8-2.2x at batch
-                             32 than eager (`aieng bench engine`, same run). Warm-up takes 10-30 s
-                             with inductor's cache warm, a minute or two cold. With one torch
-                             thread per worker it happens once, in the master before fork, and
-                             the workers share the result; otherwise each worker compiles while
-                             /health/ready says 503. --no-compile for fast starts; a model
-                             compile cannot handle falls back to eager with a warning.
-  AIENG_INT8                 int8 dynamic quantization of Linear layers, CPU only (0). On the demo
-                             model: 0.7x eager speed at batch 1, 1.3x at batch 32, no accuracy
-                             change (`aieng bench engine --int8`, `aieng eval N --int8`)
-  AIENG_TORCH_THREADS        torch threads per worker (0 = the --workers auto rule below)
-  AIENG_METRICS              record Prometheus metrics at /metrics (1; 0 only to measure their cost)
-  AIENG_LOG_PAYLOAD_SAMPLE   share of requests whose prompt and output are logged, in [0, 1] (0)
-  AIENG_LOG_LEVEL            debug | info | warning | error (info); logs are JSON lines on stderr
+Settings (environment variable, overridden by the flag of the same name; default in brackets):
+{settings_help()}
+
+--compile (the default): warm-up compiles prefill and decode, from seconds (inductor's cache warm)
+to minutes (cold, or a large model); with one torch thread per worker it happens once, in the
+master before fork, and the workers share the result; otherwise each worker compiles while
+/health/ready says 503. --no-compile for fast starts. A model torch.compile cannot handle falls
+back to eager with a warning. `aieng bench engine` measures compiled against eager.
 
 --workers auto:
   CUDA: one worker per GPU (a CUDA context per process; batching inside one process uses the
@@ -52,6 +29,7 @@ Settings (environment variable, overridden by the flag):
   (available RAM - weights) // (per-worker overhead + KV cache at max batch); weights count once
   because preload shares them. Torch threads per worker on CPU = cores // workers - 1 (at
   least 1): workers x threads <= cores, and each worker keeps a core for its event loop.
+  aieng.server.process.worker_plan has the rules and why; notebook 01 shows this host's plan.
 
 A version that fails hash verification is never served: the command exits 1 naming the files."""
 
