@@ -163,3 +163,22 @@ def test_the_thread_runs_requests_to_completion():
     assert done.wait(5)
     loop.stop()
     assert [e.completion_tokens for e in events] == [1, 2, 3, 4]
+
+
+def test_observers_see_a_step_before_any_client_sees_its_tokens():
+    """A client that has a token can already scrape the gauges that step moved."""
+    from aieng.observability.observer import StepObserver
+
+    delivered = []
+    seen_at_step = []
+
+    class Watcher(StepObserver):
+        def on_step(self, step, running, waiting, now):
+            seen_at_step.append(len(delivered))
+
+    loop = EngineLoop(FakeEngine(), SchedulerConfig(max_queue_delay_ms=0), clock=Clock(), observers=[Watcher()])
+    loop.scheduler.submit(GenerationRequest("x", [1], SamplingParams(max_tokens=2)), delivered.append)
+    loop.run_once()
+    loop.run_once()
+    assert seen_at_step == [0, 1] and len(delivered) == 2
+    assert [n for _, n, _ in loop.history] == [1, 0]
