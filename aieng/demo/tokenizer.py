@@ -140,8 +140,8 @@ def render_documents(
     generation, usable as-is for a plain completion request.
 
     The template is rendered once with placeholder contents and the placeholders are then
-    filled per example (apply_chat_template costs ~30 µs a call; a build renders ~10^5
-    documents). A spot check renders some examples the slow way and insists on equality, so
+    filled per example (a build renders every training document, and apply_chat_template's
+    per-call Python would be a visible share of the build). A spot check renders some examples the slow way and insists on equality, so
     a template that transforms content (trimming, escaping) fails loudly instead of silently
     training on a different format.
     """
@@ -171,8 +171,8 @@ def render_documents(
 def encode_documents(tokenizer: PreTrainedTokenizerFast, texts: Sequence[str]) -> list[list[int]]:
     """Token ids of rendered documents, special tokens matched in the text and none added.
 
-    Goes straight to the Rust tokenizer's batch encoder (the transformers wrapper adds ~35 µs
-    of Python per document).
+    Goes straight to the Rust tokenizer's batch encoder (the transformers wrapper adds Python
+    work per document, and a build encodes every training document).
     """
     backend = tokenizer.backend_tokenizer
     encode = getattr(backend, "encode_batch_fast", backend.encode_batch)  # _fast: no offsets

@@ -114,7 +114,7 @@ def train(
         lr=lr,
         betas=(0.9, 0.98),
         eps=1e-8,
-        fused=True,  # one kernel for all parameters: ~15 % faster steps on CPU
+        fused=True,  # one kernel for all parameters instead of one per tensor: faster steps on CPU
     )
     model.train()
     total = len(batches)

@@ -1,7 +1,7 @@
 """Quality metrics for a model folder: held-out exact match per task family, and perplexity.
 
 These numbers go into a version's manifest and are what release gates and rollback decisions
-compare (see DESIGN.md, "The embedded demo model").
+compare (docs/architecture.md, "manifest.json").
 """
 
 from aieng.evaluation.suite import SUITE_NAME, EvalReport, evaluate, evaluate_dir

@@ -1,6 +1,6 @@
 """The verified model store: versions on disk, their manifests, and the `current` pointer.
 
-Layout (DESIGN.md)::
+Layout (docs/architecture.md, "The model store")::
 
     <store>/<name>/versions/<version>/   model files + manifest.json
     <store>/<name>/current -> versions/<version>

@@ -1,6 +1,6 @@
 """``manifest.json``: a version's identity, provenance, integrity hashes and measured quality.
 
-Fields follow DESIGN.md's manifest table. Unknown keys found on disk are kept (``extra``) so an
+Fields: docs/architecture.md's manifest table. Unknown keys found on disk are kept (``extra``) so an
 older aieng never drops what a newer one wrote.
 """
 

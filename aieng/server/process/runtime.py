@@ -91,7 +91,8 @@ class Runtime:
         """CPU workers with one torch thread: build the engine and warm it up (torch.compile
         included) here in the master, so every worker inherits the compiled graphs copy-on-write.
 
-        Why: compiled graphs and the compiler's imports are ~150 MiB per process; compiled once
+        Why: compiled graphs and the compiler's imports are a large private share of a worker's memory
+        (the PSS figures of `aieng bench serve` show it); compiled once
         before fork they are shared pages, not private to each worker, and a multi-worker start
         compiles once instead of once per worker. Only at one thread per worker, because inductor
         bakes the thread count into the kernels it generates, and an OpenMP pool must not exist

@@ -7,8 +7,8 @@ The rules (why each one):
 - CPU: workers × torch threads ≤ cores, and each worker leaves one of its cores to its own
   Python: the event loop streaming tokens and the engine thread's bookkeeping. Oversubscribed
   threads spin and context-switch, and every process's matmuls get slower; OpenMP threads that
-  spin-wait on the core the event loop needs starve it. On 2 cores, 1 torch thread instead of 2
-  served 1.5× the requests per second at 32 concurrent streams (`aieng bench serve`, same run).
+  spin-wait on the core the event loop needs starve it (to compare on a host, run
+  ``AIENG_TORCH_THREADS=N aieng bench serve`` for each N: the servers it starts inherit it).
   The engine batches inside a worker, so a few wide workers beat many narrow ones.
 - Memory: each worker's private memory (activations, KV cache, interpreter) must fit beside
   the weights. With ``preload`` the weights are shared copy-on-write, so they count once.
