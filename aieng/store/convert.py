@@ -8,13 +8,12 @@ runs code from the file, and writes ``model.safetensors`` next to copies of the 
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import uuid
 from pathlib import Path
 
 from aieng.errors import StoreError
 from aieng.store.introspect import PICKLE_SUFFIXES, find_pickle_files
+from aieng.store.staging import occupied, staged_directory
 
 
 def convert_to_safetensors(source: Path | str, out: Path | str) -> Path:
@@ -24,8 +23,8 @@ def convert_to_safetensors(source: Path | str, out: Path | str) -> Path:
     source, out = Path(source), Path(out)
     if not source.is_dir():
         raise StoreError(f"{source} is not a directory")
-    if out.exists() and any(out.iterdir()):
-        raise StoreError(f"{out} already exists and is not empty; choose a new --out folder")
+    if occupied(out):  # before the (slow) loading, and again at the rename
+        raise _out_taken(out)
     pickles = _weight_pickles(source)
     if not pickles:
         raise StoreError(f"{source} has no pickle weights ({', '.join(PICKLE_SUFFIXES)}) to convert")
@@ -45,10 +44,7 @@ def convert_to_safetensors(source: Path | str, out: Path | str) -> Path:
     # safetensors refuses tensors that share memory (tied embeddings); give each its own copy.
     tensors = {k: v.detach().contiguous().clone() for k, v in tensors.items()}
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
-    try:
-        tmp.mkdir()
+    with staged_directory(out, exists_error=_out_taken) as tmp:
         skip = set(pickles) | {p for p in _rel_files(source) if p.endswith(".bin.index.json")}
         for rel in _rel_files(source):
             if rel in skip:
@@ -56,13 +52,11 @@ def convert_to_safetensors(source: Path | str, out: Path | str) -> Path:
             (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source / rel, tmp / rel)
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt", "converted_by": "aieng"})
-        if out.exists():
-            out.rmdir()
-        os.rename(tmp, out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def _out_taken(out: Path) -> StoreError:
+    return StoreError(f"{out} already exists and is not empty; choose a new --out folder")
 
 
 def _rel_files(root: Path) -> list[str]:

@@ -1,7 +1,8 @@
 """ModelStore: register, verify, promote, roll back and remove model versions safely.
 
 Every mutation either completes or leaves the store as it was:
-- a new version is assembled in a hidden temp dir and renamed into ``versions/`` at the end;
+- a new version is assembled in a hidden temp dir and renamed into ``versions/`` at the end
+  (``staging.staged_directory``);
 - ``current`` is replaced by renaming a fresh symlink over it (atomic on POSIX), so readers never
   see it missing;
 - mutations of one model take an exclusive ``flock`` on ``<name>/.lock``, so concurrent
@@ -27,6 +28,7 @@ from aieng.store.hashing import compare_hashes, hash_tree
 from aieng.store.introspect import inspect_folder
 from aieng.store.manifest import Manifest
 from aieng.store.refs import ModelRef, check_name
+from aieng.store.staging import fsync_dir, staged_directory
 
 
 def utc_now() -> str:
@@ -130,13 +132,15 @@ class ModelStore:
         check_name(version, "version")
         facts = inspect_folder(source)  # refuses pickle, non-causal-LM, remote code, no safetensors
         target = self.version_dir(name, version)
-        if target.exists():
-            raise StoreError(f"{name}@{version} already exists; versions are immutable: register a new version")
-        versions_root = target.parent
-        versions_root.mkdir(parents=True, exist_ok=True)
-        tmp = versions_root / f".tmp-{version}-{uuid.uuid4().hex[:8]}"
-        try:
-            shutil.copytree(source, tmp, symlinks=False, ignore=shutil.ignore_patterns(".*", "manifest.json", "__pycache__"))
+
+        def exists(_target: Path) -> StoreError:  # a concurrent register of the same version may win
+            return StoreError(f"{name}@{version} already exists; versions are immutable: register a new version")
+
+        # replace_empty=False: an empty versions/<v> still lists as a version, and versions are immutable.
+        with staged_directory(target, tmp_name=f".tmp-{version}-{uuid.uuid4().hex[:8]}", lock=self._lock(name),
+                              exists_error=exists, replace_empty=False) as tmp:
+            shutil.copytree(source, tmp, symlinks=False, dirs_exist_ok=True,
+                            ignore=shutil.ignore_patterns(".*", "manifest.json", "__pycache__"))
             manifest = Manifest(
                 name=name,
                 version=version,
@@ -152,16 +156,7 @@ class ModelStore:
                 prompt_template=facts.prompt_template,
             )
             manifest.write(tmp)
-            _fsync_dir(tmp)
-            with self._lock(name):
-                if target.exists():  # a concurrent register of the same version won
-                    raise StoreError(f"{name}@{version} already exists; versions are immutable: register a new version")
-                os.rename(tmp, target)
-                _fsync_dir(versions_root)
-            return manifest
-        finally:
-            if tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
+        return manifest
 
     # -- verify --------------------------------------------------------------------------------
     def verify(self, ref: ModelRef) -> VerifyReport:
@@ -229,7 +224,7 @@ class ModelStore:
         tmp_link = directory / f".current-{uuid.uuid4().hex[:8]}"
         os.symlink(Path("versions") / version, tmp_link)
         os.replace(tmp_link, directory / "current")
-        _fsync_dir(directory)
+        fsync_dir(directory)
         self._set_status(name, version, "stable")
         if action == "rollback" and previous and previous != version:
             self._set_status(name, previous, "retired")
@@ -277,11 +272,3 @@ class ModelStore:
 def _version_key(version: str):
     """Sort '2' before '10' but still order arbitrary strings."""
     return [(0, int(part), "") if part.isdigit() else (1, 0, part) for part in version.replace("-", ".").split(".")]
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -42,3 +42,16 @@ def test_convert_refuses_a_non_empty_destination_and_a_folder_without_pickles(ti
     (busy / "x").write_text("x")
     with pytest.raises(StoreError, match="not empty"):
         convert_to_safetensors(tiny_llama, busy)
+
+
+def test_convert_fills_an_existing_empty_destination(tiny_llama, tmp_path):
+    from safetensors.torch import load_file
+
+    weights = load_file(tiny_llama / "model.safetensors")
+    (tiny_llama / "model.safetensors").unlink()
+    torch.save(weights, tiny_llama / "pytorch_model.bin")
+    out = tmp_path / "out"
+    out.mkdir()
+    assert convert_to_safetensors(tiny_llama, out) == out
+    assert (out / "model.safetensors").is_file() and (out / "config.json").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "src"]  # no temp folder left

@@ -108,3 +108,32 @@ def test_register_ignores_hidden_files_and_source_manifest(store, tiny_llama):
     manifest = store.register(tiny_llama, "tiny", "1")
     assert ".DS_Store" not in manifest.files and "manifest.json" not in manifest.files
     assert store.verify(ModelRef("tiny", "1")).ok
+
+
+def test_register_refuses_even_an_empty_version_folder(store, tiny_llama):
+    """An empty versions/<v> still lists as a version; versions are immutable, so it is not filled."""
+    empty = store.version_dir("tiny", "1")
+    empty.mkdir(parents=True)
+    with pytest.raises(StoreError, match="already exists; versions are immutable"):
+        store.register(tiny_llama, "tiny", "1")
+    assert list(empty.iterdir()) == []
+    assert [p.name for p in empty.parent.iterdir()] == ["1"]  # no temp dir left behind
+
+
+def test_a_version_registered_concurrently_wins_and_ours_is_discarded(store, tiny_llama, monkeypatch):
+    """The target is checked again under the model's lock, just before the rename."""
+    import aieng.store.store as store_module
+
+    real_hash_tree = store_module.hash_tree
+
+    def hash_then_lose_the_race(folder):
+        hashes = real_hash_tree(folder)
+        store.version_dir("tiny", "1").mkdir(parents=True)
+        (store.version_dir("tiny", "1") / "manifest.json").write_text("{}")  # the other writer's
+        return hashes
+
+    monkeypatch.setattr(store_module, "hash_tree", hash_then_lose_the_race)
+    with pytest.raises(StoreError, match="already exists; versions are immutable"):
+        store.register(tiny_llama, "tiny", "1")
+    assert [p.name for p in store.version_dir("tiny", "1").iterdir()] == ["manifest.json"]
+    assert [p.name for p in store.version_dir("tiny", "1").parent.iterdir()] == ["1"]
