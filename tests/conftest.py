@@ -38,7 +38,7 @@ def demo_model_dir() -> Path:
 
     In order of preference: ``$AIENG_TEST_DEMO_DIR``; the store's ``demo/current``; the cache
     in ``var/cache/demo-model`` (rebuilt when the default config or recipe changed); else a fresh build
-    into that cache (about two minutes, once).
+    into that cache (minutes, once per machine).
     """
     env = os.environ.get("AIENG_TEST_DEMO_DIR")
     if env and Path(env).exists():

@@ -18,7 +18,8 @@ def add_parser(sub) -> None:
 
     p = verbs.add_parser("build", parents=[STORE], help="generate the corpus, train the tokenizer and the model, save in HF format",
                          description="Build the demo model into --out (must not exist or be empty). "
-                                     "Takes about two minutes on 2 CPU cores with the default step count.")
+                                     "Takes minutes on CPU with the default step count; the folder's "
+                                     "demo_build.json records how long this build took.")
     p.add_argument("--out", default=None, help="output folder (default var/build/demo-seed<SEED>)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--steps", type=int, default=None, help="training steps (default: the shipped demo's)")

@@ -1,4 +1,4 @@
-"""The embedded demo model: a small Llama trained from nothing, offline, in about two minutes.
+"""The embedded demo model: a small Llama trained from nothing, offline, in minutes on a CPU.
 
 ``corpus`` generates checkable tasks and the held-out split, ``tokenizer`` trains byte-level
 BPE and owns the chat template, ``model`` defines the architecture, ``train`` is the loop and

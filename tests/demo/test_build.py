@@ -7,6 +7,7 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -37,6 +38,9 @@ def test_tiny_build_writes_a_loadable_model_folder(tiny_demo_dir):
     model = AutoModelForCausalLM.from_pretrained(tiny_demo_dir, local_files_only=True)
     assert model.config.model_type == "llama"
     assert model.config.max_position_embeddings == 512
+    dims = DemoBuildConfig.tiny().dims  # the config's shape is the one the model was built with
+    assert (model.config.hidden_size, model.config.num_hidden_layers) == (dims.hidden_size, dims.num_layers)
+    assert model.config.num_key_value_heads == dims.num_kv_heads
     assert model.config.vocab_size == len(tokenizer)
 
     generation = GenerationConfig.from_pretrained(tiny_demo_dir, local_files_only=True)
@@ -59,7 +63,8 @@ def test_tiny_build_writes_a_loadable_model_folder(tiny_demo_dir):
 
 def test_build_info_records_provenance(tiny_demo_dir):
     info = json.loads((tiny_demo_dir / BUILD_INFO_FILE).read_text())
-    assert info["config"] == json.loads(json.dumps(DemoBuildConfig.tiny().__dict__))
+    assert info["config"] == json.loads(json.dumps(asdict(DemoBuildConfig.tiny())))
+    assert info["config"]["dims"]["hidden_size"] == 32  # the shape is recorded under "dims"
     assert info["seed"] == 0 and info["steps"] == 12
     assert info["final_loss"] > 0 and info["wall_seconds"] > 0 and info["tokens_per_second"] > 0
     assert info["versions"]["torch"] == torch.__version__
