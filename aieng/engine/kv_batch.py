@@ -111,10 +111,10 @@ class KVBatch:
         if extra == 0:
             return self
         for layer in self.cache.layers:
-            b, h, _, d = layer.keys.shape
-            pad = layer.keys.new_zeros((b, h, extra, d))
-            layer.keys = torch.cat([pad, layer.keys], dim=2)
-            layer.values = torch.cat([pad, layer.values], dim=2)
+            # Each gets zeros of its own shape: some caches hold values narrower than keys
+            # (multi-head latent attention, e.g. DeepSeek-V3, caches two different latents).
+            layer.keys = _zeros_before(layer.keys, extra)
+            layer.values = _zeros_before(layer.values, extra)
         self.mask = torch.cat([self.mask.new_zeros((self.size, extra)), self.mask], dim=1)
         self._padded = None
         return self
@@ -134,6 +134,12 @@ def left_pad(prompts: Sequence[Sequence[int]], pad_id: int, *, min_length: int =
             ids[i, longest - len(prompt):] = torch.tensor(list(prompt), dtype=torch.long)
             mask[i, longest - len(prompt):] = 1
     return ids, mask
+
+
+def _zeros_before(tensor: torch.Tensor, extra: int) -> torch.Tensor:
+    """``tensor`` [B, H, T, D] with ``extra`` zero columns in front of T."""
+    b, h, _, d = tensor.shape
+    return torch.cat([tensor.new_zeros((b, h, extra, d)), tensor], dim=2)
 
 
 def _layer_like(template, keys: torch.Tensor, values: torch.Tensor):
