@@ -38,4 +38,14 @@ def test_incident_triage_produces_a_diagnosis(live_server, tmp_path):
     httpx.post(f"{live_server.base_url}/v1/completions", json={"model": "demo", "prompt": "x", "temperature": -1})
     executed = execute("incident_triage", {"base_url": live_server.base_url, "window_s": 1}, runs_dir=tmp_path)
     text = executed.read_text()
-    assert "verdict:" in text and "server alive and ready" in text and "TTFT p99" in text
+    assert "verdict:" in text and "server alive and ready" in text and "TTFT p99 <= 1.5s" in text
+
+
+def test_incident_triage_takes_its_thresholds_from_the_alert_rules(live_server, tmp_path):
+    from aieng.observability.alerts import DEFAULT_RULES
+
+    rules = tmp_path / "alerts.yml"
+    rules.write_text(DEFAULT_RULES.read_text().replace("[5m]))) > 1.5", "[5m]))) > 2.25"))
+    executed = execute("incident_triage", {"base_url": live_server.base_url, "window_s": 1, "alert_rules": str(rules)},
+                       runs_dir=tmp_path)
+    assert "TTFT p99 <= 2.25s" in executed.read_text()
