@@ -2,15 +2,25 @@
 
 Used by integration tests, notebooks and benchmarks, so they all talk HTTP to the real server
 exactly as a client would, instead of calling the app in-process.
+
+The server must not outlive its owner: a notebook cell or a test that fails between ``start()``
+and ``stop()`` would otherwise leave a server holding a port, cores and memory. Two guards:
+``stop()`` is registered with ``atexit`` (a normal exit, a kernel shutdown), and on Linux the
+child asks the kernel for SIGTERM when its parent dies (``PR_SET_PDEATHSIG``: a SIGKILLed owner,
+a crashed kernel), which ``atexit`` cannot see. The server runs in its own session, so neither a
+terminal's signals nor the owner's process group reach it any other way.
 """
 
 from __future__ import annotations
 
+import atexit
+import ctypes
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +32,35 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]
+
+
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def _die_with_parent():
+    """A ``preexec_fn`` that has the child SIGTERMed when its parent dies, or None where unsupported.
+
+    Linux only. The kernel sends the signal when the parent *thread* exits, so it is only used
+    when starting from the main thread: a server started from a worker thread would otherwise be
+    stopped when that thread ends, though its owner lives on (``atexit`` still covers it). The
+    libc function is looked up here, in the parent: between fork and exec the child should do as
+    little as possible.
+    """
+    if not sys.platform.startswith("linux") or threading.current_thread() is not threading.main_thread():
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+    signum = int(signal.SIGTERM)
+
+    def preexec() -> None:
+        prctl(_PR_SET_PDEATHSIG, signum, 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before the request took effect
+            os.kill(os.getpid(), signum)
+
+    return preexec
 
 
 class ServerStartError(RuntimeError):
@@ -63,9 +102,13 @@ class ServerProcess:
         env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", **self.env}
         self._log = open(self.log_path, "wb")
         self.process = subprocess.Popen(self.command(), stdout=self._log, stderr=subprocess.STDOUT, env=env,
-                                        start_new_session=True)
+                                        start_new_session=True, preexec_fn=_die_with_parent())
+        atexit.register(self._stop_at_exit)
         self._wait_ready()
         return self
+
+    def _stop_at_exit(self) -> None:
+        self.stop()
 
     def output(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path and self.log_path.exists() else ""
@@ -74,6 +117,7 @@ class ServerProcess:
         deadline = time.monotonic() + self.ready_timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
+                self.stop()  # closes the log, drops the exit hook
                 raise ServerStartError(f"aieng serve exited with status {self.process.returncode} before it was ready",
                                        self.output(), self.process.returncode)
             try:
@@ -88,6 +132,7 @@ class ServerProcess:
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int | None:
         if self.process is None:
             return None
+        atexit.unregister(self._stop_at_exit)
         if self.process.poll() is not None:
             self._log.close()
             return self.process.returncode
