@@ -73,8 +73,10 @@ TOKENS_PER_SECOND_BASELINE = Gauge("aieng_tokens_per_second_baseline",
 PROCESS_RESIDENT = Gauge("aieng_process_resident_memory_bytes", "Resident memory of each aieng process.",
                          multiprocess_mode="livesum")
 HOST_MEMORY_TOTAL = Gauge("aieng_host_memory_total_bytes", "Host memory.", multiprocess_mode="max")
+# The latest reading of any live process: "min" counted the master, which imports the metrics but
+# never takes a reading, and so reported 0 bytes available on a healthy host.
 HOST_MEMORY_AVAILABLE = Gauge("aieng_host_memory_available_bytes", "Host memory available to new allocations.",
-                              multiprocess_mode="min")
+                              multiprocess_mode="livemostrecent")
 CUDA_ALLOCATED = Gauge("aieng_cuda_memory_allocated_bytes", "CUDA memory held by tensors.", multiprocess_mode="livesum")
 CUDA_RESERVED = Gauge("aieng_cuda_memory_reserved_bytes",
                       "CUDA memory reserved by the caching allocator (reserved - allocated = fragmentation).",

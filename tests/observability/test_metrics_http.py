@@ -42,6 +42,8 @@ def test_counters_add_up_across_two_workers_and_every_name_is_exported(two_worke
     assert snap.value("aieng_queue_capacity") == 2 * 256  # one queue per worker
     rss = snap.value("aieng_process_resident_memory_bytes")
     assert 50 * 2**20 < rss < 8 * 2**30
+    total, available = snap.value("aieng_host_memory_total_bytes"), snap.value("aieng_host_memory_available_bytes")
+    assert 0 < available <= total, "a process that never read host memory must not count as 0 bytes free"
 
 
 def test_a_dead_workers_gauges_are_dropped_but_its_counts_remain(two_workers):
