@@ -174,10 +174,6 @@ class Runtime:
         if self.engine_loop is not None:
             self.engine_loop.stop()
 
-    @property
-    def context_length(self) -> int:
-        return self.engine.context_length if self.engine else 0
-
 
 @contextlib.contextmanager
 def _one_torch_thread():
