@@ -63,13 +63,29 @@ def _cpu_threads(cores: int, workers: int) -> int:
     return max(1, share - 1)
 
 
-def plan_for_model(settings, loaded) -> WorkerPlan:
-    """The plan ``aieng serve`` runs: ``plan_workers`` fed with this host and the loaded model.
+@dataclass(frozen=True)
+class MemoryNeeds:
+    """What one model asks of a host's memory, as the worker plan counts it."""
 
-    ``loaded`` is the master's ``LoadedModel`` (None when the weights load in the workers, on
-    CUDA): the weights count once (preload shares them), each worker adds its overhead and a KV
-    cache for ``max_batch_size`` rows at the full context length. ``settings.torch_threads``
-    (when not 0) overrides the thread count.
+    weight_bytes: int  # loaded once in the master and shared by every worker (preload)
+    kv_bytes: int  # one worker's KV cache: max_batch_size rows at the full context length
+    per_worker_bytes: int  # PER_WORKER_OVERHEAD + kv_bytes
+
+
+def memory_needs(settings, loaded) -> MemoryNeeds:
+    """``loaded`` is the master's ``LoadedModel``, or None when weights load in the workers (CUDA)."""
+    if loaded is None:
+        return MemoryNeeds(0, 0, PER_WORKER_OVERHEAD)
+    params = loaded.manifest.num_parameters if loaded.manifest else sum(p.numel() for p in loaded.model.parameters())
+    kv_bytes = kv_cache_bytes(loaded.model.config, loaded.context_length, settings.max_batch_size,
+                              loaded.dtype.itemsize)
+    return MemoryNeeds(params * loaded.dtype.itemsize, kv_bytes, PER_WORKER_OVERHEAD + kv_bytes)
+
+
+def plan_for_model(settings, loaded) -> WorkerPlan:
+    """The plan ``aieng serve`` runs: ``plan_workers`` fed with this host and ``memory_needs``.
+
+    ``settings.torch_threads`` (when not 0) overrides the thread count.
     """
     import psutil
     import torch
@@ -78,16 +94,10 @@ def plan_for_model(settings, loaded) -> WorkerPlan:
 
     if settings.torch_threads < 0:
         raise ConfigError(f"torch threads must be >= 0 (0 = cores // workers), got {settings.torch_threads}")
-    cuda = wants_cuda(settings.device)
-    weight_bytes = kv_bytes = 0
-    if loaded is not None:
-        params = loaded.manifest.num_parameters if loaded.manifest else sum(p.numel() for p in loaded.model.parameters())
-        weight_bytes = params * loaded.dtype.itemsize
-        kv_bytes = kv_cache_bytes(loaded.model.config, loaded.context_length, settings.max_batch_size,
-                                  loaded.dtype.itemsize)
-    gpus = torch.cuda.device_count() if cuda else 0
+    needs = memory_needs(settings, loaded)
+    gpus = torch.cuda.device_count() if wants_cuda(settings.device) else 0
     plan = plan_workers(cores=os.cpu_count() or 1, available_bytes=psutil.virtual_memory().available,
-                        weight_bytes=weight_bytes, per_worker_bytes=PER_WORKER_OVERHEAD + kv_bytes,
+                        weight_bytes=needs.weight_bytes, per_worker_bytes=needs.per_worker_bytes,
                         device="cuda" if gpus else "cpu", gpus=gpus, requested=settings.workers)
     if settings.torch_threads:
         plan = replace(plan, torch_threads=settings.torch_threads,
