@@ -19,7 +19,7 @@ from pathlib import Path
 
 
 def _setting(default, help: str, **kwargs):
-    if callable(default) and not isinstance(default, (bool, int, float, str)):
+    if callable(default):  # a default_factory
         return field(default_factory=default, metadata={"help": help, **kwargs})
     return field(default=default, metadata={"help": help, **kwargs})
 

@@ -19,9 +19,12 @@ from aieng.server.http.schemas import ChatCompletionRequest, CompletionRequest
 
 
 class RequestBuilder:
-    def __init__(self, tokenizer, context_length: int):
-        self.tokenizer = tokenizer
-        self.context_length = context_length
+    """Builds requests for ``engine`` (its tokenizer and context length; nothing runs on it here)."""
+
+    def __init__(self, engine):
+        self.encode = engine.encode
+        self.tokenizer = engine.tokenizer
+        self.context_length = engine.context_length
 
     async def completion(self, body: CompletionRequest) -> GenerationRequest:
         if body.echo:
@@ -31,7 +34,7 @@ class RequestBuilder:
         prompt = single_prompt(body.prompt)
 
         def build() -> GenerationRequest:
-            return self._request(self.tokenizer(prompt)["input_ids"], body, body.max_tokens)
+            return self._request(self.encode(prompt), body, body.max_tokens)
 
         return await asyncio.to_thread(build)
 

@@ -125,7 +125,7 @@ class Runtime:
         observers = [MetricsObserver()] if self.settings.metrics else []
         self.engine_loop = EngineLoop(self.engine, self.config.scheduler, observers=observers)
         self.bridge = Bridge(self.engine_loop.scheduler, metrics_enabled=self.settings.metrics)
-        self.inputs = RequestBuilder(self.engine.tokenizer, self.engine.context_length)
+        self.inputs = RequestBuilder(self.engine)
         set_service(self.model_name, self.model_version)
         metrics.QUEUE_CAPACITY.set(self.config.scheduler.max_queue)
         for code in request_error_codes():
