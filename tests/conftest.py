@@ -71,3 +71,15 @@ def demo_store(tmp_path_factory, demo_model_dir):
     store.register(demo_model_dir, "demo", "1")
     store.promote("demo", "1")
     return store
+
+
+@pytest.fixture(scope="session")
+def tiny_shape_model_dir(tmp_path_factory) -> Path:
+    """The ``tiny`` shape (aieng.demo.shapes): random weights, 4 heads / 2 KV heads, the demo tokenizer.
+
+    Seconds to build, loadable and registrable like any model; its outputs are noise. For engine
+    tests of grouped-query attention and anything that needs a real folder but no accuracy.
+    """
+    from aieng.demo.shapes import build_shape_model
+
+    return build_shape_model(tmp_path_factory.mktemp("tiny-shape") / "model", "tiny", seed=0)

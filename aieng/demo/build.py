@@ -18,15 +18,17 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import tokenizers
 import torch
 import transformers
+from transformers import PreTrainedTokenizerFast
 from transformers.utils import logging as hf_logging
 
-from aieng.demo.corpus import DEFAULT_MIX, FAMILIES, training_examples
+from aieng.demo.corpus import DEFAULT_MIX, FAMILIES, Example, training_examples
 from aieng.demo.model import ModelDims, generation_config, llama_config, new_model
 from aieng.demo.tokenizer import (
     ASSISTANT,
@@ -132,17 +134,33 @@ def build_demo_model(out_dir: Path, config: DemoBuildConfig, *, progress: bool =
         raise _out_dir_taken(out_dir)
     if config.steps < 1 or config.batch_size < 1:
         raise ValueError("steps and batch_size must be positive")
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    _remove_dead_builds(out_dir)
-    tmp_name = f"{_tmp_prefix(out_dir)}{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     started = time.perf_counter()
-    with _sigterm_raises(), staged_directory(out_dir, tmp_name=tmp_name, exists_error=_out_dir_taken) as tmp:
+    with staged_build(out_dir) as tmp:
         with _hf_progress_bars(progress):
             info = _build_into(tmp, config, progress=progress)
         info["wall_seconds"] = round(time.perf_counter() - started, 2)
         (tmp / BUILD_INFO_FILE).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
-        _make_readable(tmp)
     return out_dir
+
+
+@contextlib.contextmanager
+def staged_build(out_dir: Path) -> Iterator[Path]:
+    """Yield an empty temporary folder beside ``out_dir``; rename it to ``out_dir`` on success.
+
+    The build's half of ``aieng.store.staging``: a temporary name that records host and pid (so
+    the next build of ``out_dir`` removes the leftovers of builds that died by SIGKILL), SIGTERM
+    turned into an exception so the cleanup runs, and ordinary file permissions at the end.
+    Raises ``FileExistsError`` if ``out_dir`` holds anything, before and again at the rename.
+    """
+    out_dir = Path(out_dir)
+    if occupied(out_dir):
+        raise _out_dir_taken(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    _remove_dead_builds(out_dir)
+    tmp_name = f"{_tmp_prefix(out_dir)}{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    with _sigterm_raises(), staged_directory(out_dir, tmp_name=tmp_name, exists_error=_out_dir_taken) as tmp:
+        yield tmp
+        _make_readable(tmp)
 
 
 def _tmp_prefix(out_dir: Path) -> str:
@@ -201,13 +219,28 @@ def _make_readable(folder: Path) -> None:
             path.chmod(0o644 & ~umask)
 
 
+def demo_tokenizer(
+    config: DemoBuildConfig | None = None, examples: Sequence[Example] | None = None
+) -> PreTrainedTokenizerFast:
+    """The tokenizer a build of ``config`` trains (default: the shipped demo's). Deterministic.
+
+    It learns from the message contents of the first ``config.tokenizer_examples`` training
+    examples; the chat template adds the special tokens. ``examples`` is the build's own list;
+    when None the full list is generated from the config (all ``steps * batch_size`` of it: the
+    corpus draws every family choice before any example, so a shorter list has another prefix).
+    """
+    config = config or DemoBuildConfig()
+    if examples is None:
+        examples = training_examples(config.seed, config.steps * config.batch_size, mix=config.mix)
+    texts = [t for e in examples[: config.tokenizer_examples] for t in (e.system, e.prompt, e.answer) if t]
+    return train_tokenizer(texts, vocab_size=config.vocab_size)
+
+
 def _build_into(tmp: Path, config: DemoBuildConfig, *, progress: bool) -> dict:
     t0 = time.perf_counter()
     examples = training_examples(config.seed, config.steps * config.batch_size, mix=config.mix)
 
-    # The tokenizer learns from message contents; the chat template adds the special tokens.
-    texts = [t for e in examples[: config.tokenizer_examples] for t in (e.system, e.prompt, e.answer) if t]
-    tokenizer = train_tokenizer(texts, vocab_size=config.vocab_size)
+    tokenizer = demo_tokenizer(config, examples)
     documents = encode_documents(tokenizer, render_documents(tokenizer, examples))
     assistant_id = tokenizer.convert_tokens_to_ids(ASSISTANT)
     answer_starts = [doc.index(assistant_id) + 1 for doc in documents]
@@ -256,10 +289,15 @@ def _build_into(tmp: Path, config: DemoBuildConfig, *, progress: bool) -> dict:
         "vocab_size": len(tokenizer),
         "chat_template_version": CHAT_TEMPLATE_VERSION,
         "torch_threads": torch.get_num_threads(),
-        "versions": {
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "transformers": transformers.__version__,
-            "tokenizers": tokenizers.__version__,
-        },
+        "versions": library_versions(),
+    }
+
+
+def library_versions() -> dict[str, str]:
+    """What built a folder (recorded in its build file): weights depend on the torch build."""
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "tokenizers": tokenizers.__version__,
     }

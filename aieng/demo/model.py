@@ -8,8 +8,10 @@ a real one.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+if TYPE_CHECKING:  # imported where used: the shape registry reads ModelDims without torch
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -38,6 +40,8 @@ class ModelDims:
 
 def llama_config(dims: ModelDims, *, vocab_size: int, bos_id: int, eos_id: int, pad_id: int) -> LlamaConfig:
     """A ``LlamaConfig`` for ``dims`` with the tokenizer's vocabulary and special ids."""
+    from transformers import LlamaConfig
+
     if dims.hidden_size % dims.num_heads:
         raise ValueError(f"hidden_size {dims.hidden_size} is not a multiple of num_heads {dims.num_heads}")
     if dims.num_heads % dims.num_kv_heads:
@@ -63,11 +67,15 @@ def llama_config(dims: ModelDims, *, vocab_size: int, bos_id: int, eos_id: int, 
 
 def new_model(config: LlamaConfig) -> LlamaForCausalLM:
     """A freshly initialised model (seed torch before calling for reproducible weights)."""
+    from transformers import LlamaForCausalLM
+
     return LlamaForCausalLM(config)
 
 
 def generation_config(*, bos_id: int, eos_id: int, pad_id: int) -> GenerationConfig:
     """Defaults saved as generation_config.json: stop at <|end|>, pad with <|pad|>, greedy."""
+    from transformers import GenerationConfig
+
     return GenerationConfig(
         bos_token_id=bos_id,
         eos_token_id=eos_id,
