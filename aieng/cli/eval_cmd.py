@@ -18,6 +18,10 @@ def add_parser(sub) -> None:
     p.add_argument("--int8", action="store_true",
                    help="evaluate with int8 dynamic quantization (CPU) and record the accuracy delta against the "
                         "recorded full-precision result under eval.variants.int8")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                   help="bfloat16: evaluate the decoder layers' matrix multiplies in bf16, as the engine runs small "
+                        "batches (see `aieng serve --help`, AIENG_WEIGHT_FORMATS), and record the accuracy delta "
+                        "against the recorded fp32 result under eval.variants.bfloat16")
     p.add_argument("--json", action="store_true", help="print the metrics as JSON")
     p.set_defaults(handler=_eval)
 
@@ -29,7 +33,8 @@ def _eval(args: argparse.Namespace) -> int:
 
     settings = settings_from(args)
     result = evaluate_version(ModelStore(settings.store), parse_ref(args.ref), LoadConfig.from_settings(settings),
-                              n_per_family=args.n_per_family, int8=args.int8)
+                              n_per_family=args.n_per_family,
+                              variant="int8" if args.int8 else ("bfloat16" if args.dtype == "bfloat16" else None))
     if args.json:
         print_json(result)
         return 0
@@ -37,11 +42,11 @@ def _eval(args: argparse.Namespace) -> int:
     for family, accuracy in result["metrics"]["accuracy"].items():
         print(f"  {family:12} exact match {accuracy:6.1%}")
     print(f"  {'perplexity':12} {result['metrics']['perplexity']:.3f}")
-    if args.int8:
-        delta = result["delta"]
-        print("  int8 delta   " + ", ".join(f"{f} {d:+.1%}" for f, d in delta["accuracy"].items())
+    if result.get("variant"):
+        delta, variant = result["delta"], result["variant"]
+        print(f"  {variant} delta " + ", ".join(f"{f} {d:+.1%}" for f, d in delta["accuracy"].items())
               + f", perplexity {delta['perplexity']:+.3f}")
-        print("written to the manifest's `eval.variants.int8` field")
+        print(f"written to the manifest's `eval.variants.{variant}` field")
         return 0
     print("written to the manifest's `eval` field")
     return 0

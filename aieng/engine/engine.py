@@ -4,34 +4,38 @@ between steps (continuous batching), with per-row sampling, stops and streaming.
 Contract with whoever drives it (the scheduler's engine thread, or ``generate``/``stream`` here):
 
 - ``step(joiners, leaving)`` is one iteration: drop the ``leaving`` rows (cancelled, timed out),
-  prefill the ``joiners`` and merge them into the batch, then decode one token for every row.
-  It returns a ``StepResult``: the events and the prefill/decode timings.
-- ``prefill``, ``decode`` and ``remove`` are the same three parts, public for tools that time
-  them separately (``aieng.bench.step_profile``, notebook 04).
+  admit the ``joiners``, prefill the next prompt chunks (at most ``prefill_chunk_tokens`` a step,
+  so a long prompt joins over several steps while the running rows keep decoding) and decode one
+  token for every decoding row. It returns a ``StepResult``: the events and the timings.
+- ``prefill``, ``decode`` and ``remove`` are the parts, public for tools that time them separately
+  (``aieng.bench.step_profile``, notebook 04).
 
-Requests arrive validated (``params.validate_request``). A finished row (EOS, stop string,
-``max_tokens``, context limit) leaves the batch in the step that reports it. The engine is
-single-threaded by design: one thread owns it and the model. It owns no scheduling policy:
-which requests join, and how many rows run at once, is the scheduler's business.
+The tensors live in a runner (``runner``): the native Llama-family forward over a static slot
+cache (``native_runner``), or the transformers forward over a dynamic cache for other models
+(``hf_runner``). Requests arrive validated (``params.validate_request``). A finished row (EOS,
+stop string, ``max_tokens``, context limit) leaves in the step that reports it. One thread owns
+the engine. It owns no scheduling policy: which requests join is the scheduler's business, and
+``max_rows`` says how many it may hold.
 """
 
 from __future__ import annotations
 
 import logging
-import operator
+import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
 
-from aieng.engine.compiled import CompiledForward
-from aieng.engine.hf_model import cache_kwarg, pad_token_id, prepare_model, refuse_sliding_window
-from aieng.engine.kv_batch import KVBatch, left_pad
-from aieng.engine.oom import bisect_on_oom, out_of_memory_error
+from aieng.engine.hf_model import pad_token_id, prepare_model, refuse_sliding_window
+from aieng.engine.hf_runner import HFRunner
+from aieng.engine.native_llama import native_support
+from aieng.engine.oom import out_of_memory_error
 from aieng.engine.params import GenerationResult, SamplingParams, validate_request
 from aieng.engine.request import GenerationRequest, StepResult, TokenEvent, error_event
 from aieng.engine.row import Row
+from aieng.engine.runner import Chunk
 from aieng.engine.sampling import sample_batch
 from aieng.model_facts import eos_token_ids, model_context_length
 
@@ -40,8 +44,14 @@ log = logging.getLogger("aieng.engine")
 
 @dataclass(frozen=True)
 class EngineConfig:
-    compile: bool = True  # torch.compile prefill and decode (aieng.engine.compiled); `aieng bench engine` measures it
-    quantize_int8: bool = False  # dynamic int8 Linear layers on CPU; `aieng bench engine --int8` measures it
+    compile: bool = True  # torch.compile (the decoder layer, or the whole forward for other models)
+    quantize_int8: bool = False  # dynamic int8 Linear layers on CPU (transformers forward only)
+    native: bool = True  # the native forward for Llama-family models (static cache, chunked prefill)
+    max_rows: int = 64  # rows the engine holds at once (KV slots); the runtime sets the scheduler's batch size
+    kv_cache_bytes: int = 0  # static KV cache budget; 0 = enough for max_rows full-context rows
+    prefill_chunk_tokens: int = 256  # prompt tokens prefilled per step (native forward)
+    bf16_max_tokens: int = 0  # steps of at most this many tokens use bf16 weights; -1 = measure (formats), 0 = never
+    compile_budget_s: float | None = None  # warm-up waits this long for compilation, then serves eagerly
     warmup_prompt_lengths: tuple[int, ...] = (8, 32, 128)
     warmup_batch_sizes: tuple[int, ...] = (1, 8)
 
@@ -56,19 +66,58 @@ class Engine:
         self.context_length = context_length or model_context_length(model)
         self.eos_ids = eos_token_ids(model, tokenizer)
         self.pad_id = pad_token_id(tokenizer, self.eos_ids)
-        self.forward = CompiledForward(self.model, enabled=config.compile)
-        self._cache_kwarg = cache_kwarg(self.model)
-        self.batch: KVBatch | None = None  # the running rows' KV cache, row i of it is rows[i]
-        self.rows: list[Row] = []
+        self.runner = self._make_runner(config)
+        self.rows: dict[str, Row] = {}  # every admitted row: prefilling or decoding
+        self.prefilling: list[Row] = []  # admitted, prompt not all in the cache yet (FIFO)
+        self.prefilled: dict[str, int] = {}  # prompt tokens already in the cache, per prefilling row
         self.counts = {"prefill_calls": 0, "decode_steps": 0, "oom_splits": 0}
+        self._compile_thread: threading.Thread | None = None
+
+    def _make_runner(self, config: EngineConfig):
+        why_not = native_support(self.model) if config.native else "native forward switched off"
+        if why_not is None and config.quantize_int8:
+            why_not = "int8 dynamic quantization replaces the Linear layers the native forward reads"
+        if why_not is None:
+            from aieng.engine.formats import choose_bf16_max_tokens
+            from aieng.engine.native_runner import NativeRunner
+            from aieng.engine.slots import SlotShape
+
+            bf16_max = config.bf16_max_tokens if config.bf16_max_tokens >= 0 else choose_bf16_max_tokens(self.model)
+            per_token = SlotShape(self.model.config.num_hidden_layers, self.model.config.num_key_value_heads,
+                                  _head_dim(self.model.config), next(self.model.parameters()).dtype).bytes_per_token()
+            budget = config.kv_cache_bytes or per_token * (self.context_length + 1) * config.max_rows
+            return NativeRunner(self.model, context_length=self.context_length, max_rows=config.max_rows,
+                                kv_cache_bytes=budget, prefill_chunk_tokens=config.prefill_chunk_tokens,
+                                bf16_max_tokens=bf16_max, compile_layers=config.compile)
+        log.info("serving with the transformers forward: %s", why_not, extra={"event": "engine_runner"})
+        runner = HFRunner(self.model, pad_id=self.pad_id, max_rows=config.max_rows,
+                          compile=config.compile)
+        runner.on_split = self._count_split
+        return runner
 
     @property
     def compiled(self) -> bool:
-        return self.forward.active
+        return self.runner.compiled
+
+    @property
+    def compile_status(self) -> str:
+        """eager | compiling | compiled | failed."""
+        if not self.config.compile:
+            return "eager"
+        if getattr(self.runner, "compile_failed", False) or not (self.runner.compiled or self._compile_thread):
+            return "failed" if getattr(self.runner, "compile_failed", False) else "eager"
+        return "compiled" if self.runner.compiled else "compiling"
+
+    @property
+    def max_rows(self) -> int:
+        return self.runner.max_rows
 
     @property
     def stats(self) -> dict[str, int]:
-        return {**self.counts, "rewarms": self.forward.rewarms, "compile_fallbacks": self.forward.fallbacks}
+        forward = getattr(self.runner, "forward_fn", None)
+        counts = {**self.counts, "oom_splits": self.counts["oom_splits"] + getattr(self.runner, "splits", 0)}
+        return {**counts, "rewarms": forward.rewarms if forward else 0,
+                "compile_fallbacks": forward.fallbacks if forward else int(getattr(self.runner, "compile_failed", 0))}
 
     def encode(self, prompt: str) -> list[int]:
         return self.tokenizer(prompt)["input_ids"]
@@ -78,64 +127,39 @@ class Engine:
         return len(self.rows)
 
     def running_ids(self) -> list[str]:
-        return [row.request_id for row in self.rows]
+        return list(self.rows)
 
     # -- one iteration of continuous batching ---------------------------------------------------
     def step(self, joiners: Sequence[GenerationRequest] = (), leaving: Sequence[str] = ()) -> StepResult:
-        """Drop ``leaving``, prefill ``joiners``, then decode everybody."""
+        """Drop ``leaving``, admit ``joiners``, then one forward: prompt chunks and every decoding row."""
         self.remove(leaving)
-        start = time.perf_counter()
-        events = self.prefill(joiners)
-        middle = time.perf_counter()
-        rows = self.num_running
-        events += self.decode()
-        return StepResult(events, prefill_s=middle - start if joiners else None,
-                          decode_s=time.perf_counter() - middle if rows else None, decoded_rows=rows)
+        events = self._admit(joiners)
+        chunks = self._plan_chunks()
+        decoding = self.runner.decoding_ids()
+        if not chunks and not decoding:
+            return StepResult(events)
+        events += self._forward(chunks, decoding)
+        return StepResult(events, prefill_s=self._last.prefill_s, decode_s=self._last.decode_s,
+                          decoded_rows=len(decoding))
 
-    # The batch's tensors are all created under inference_mode (the cache is an input of the
-    # compiled decode graph, and a tensor's inference-ness is part of what that graph was built for).
-    @torch.inference_mode()
     def prefill(self, requests: Sequence[GenerationRequest]) -> list[TokenEvent]:
-        """Run the prompts of ``requests`` together, sample their first tokens, join the batch.
-
-        Out of memory: the group is bisected (``oom.bisect_on_oom``); a request that does not fit
-        alone gets an ``out_of_memory`` error event and the engine carries on.
-        """
-        if not requests:
-            return []
-        return bisect_on_oom(list(requests), self._prefill_group, combine=operator.add,
-                             fail_one=lambda request, exc: [self._fail(request, exc)], device=self.device,
-                             phase="prefill", on_split=self._count_split)
-
-    @torch.inference_mode()
-    def decode(self) -> list[TokenEvent]:
-        """One decode step for every running row (bisected on out of memory, like prefill)."""
-        if not self.rows:
-            return []
-        batch, rows = self.batch, self.rows
-
-        def attempt(indices: Sequence[int]):
-            part = batch if len(indices) == len(rows) else batch.select(list(indices))
-            return self._decode_rows(part, [rows[i] for i in indices])
-
-        def fail_one(index: int, exc: BaseException):
-            return None, [], [self._fail(rows[index].request, exc)]
-
-        self.batch, self.rows, events = bisect_on_oom(range(len(rows)), attempt, combine=_combine_decoded,
-                                                      fail_one=fail_one, device=self.device, phase="decode",
-                                                      on_split=self._count_split)
-        self.counts["decode_steps"] += 1
+        """Admit ``requests`` and prefill until their prompts are in (no decode); their first tokens."""
+        events = self._admit(requests)
+        wanted = {r.request_id for r in requests}
+        while any(row.request_id in wanted for row in self.prefilling):
+            events += self._forward(self._plan_chunks(), [])
         return events
 
-    @torch.inference_mode()
+    def decode(self) -> list[TokenEvent]:
+        """One decode step for every decoding row."""
+        decoding = self.runner.decoding_ids()
+        return self._forward([], decoding) if decoding else []
+
     def remove(self, request_ids: Sequence[str]) -> list[str]:
         """Drop rows (cancelled, timed out); returns the ids that were running."""
-        doomed = set(request_ids)
-        removed = [row.request_id for row in self.rows if row.request_id in doomed]
+        removed = [rid for rid in request_ids if rid in self.rows]
         if removed:
-            keep = [i for i, row in enumerate(self.rows) if row.request_id not in doomed]
-            self.rows = [self.rows[i] for i in keep]
-            self.batch = self.batch.select(keep) if keep else None
+            self._drop(removed)
         return removed
 
     # -- conveniences built on the steps -------------------------------------------------------
@@ -148,7 +172,7 @@ class Engine:
         texts: dict[str, list[str]] = {rid: [] for rid in order}
         results: dict[str, GenerationResult] = {}
         while pending or self.rows:
-            room = max_batch_size - len(self.rows)
+            room = min(max_batch_size, self.max_rows) - len(self.rows)
             joiners, pending = pending[:room], pending[room:]
             for event in self.step(joiners).events:
                 texts[event.request_id].append(event.text)
@@ -173,20 +197,17 @@ class Engine:
                     if event.finished:
                         return
 
-    def warmup(self) -> float:
-        """Prefill and decode representative shapes so the first real request pays no lazy set-up
-        (with compile on: builds every graph serving uses, then lets calls skip guard checks)."""
-        start = time.perf_counter()
-        vocab = int(getattr(self.model.config, "vocab_size", 256))
-        generator = torch.Generator().manual_seed(0)
-        params = SamplingParams(max_tokens=2, temperature=0)
-        for batch_size in self.config.warmup_batch_sizes:
-            for length in self.config.warmup_prompt_lengths:
-                length = min(length, self.context_length - 2)
-                prompts = [torch.randint(0, vocab, (length,), generator=generator).tolist() for _ in range(batch_size)]
-                self.generate(prompts, params)
-        self.forward.mark_warm()
-        return time.perf_counter() - start
+    def warmup(self, progress: Callable[[str], None] | None = None) -> float:
+        """Run representative shapes so the first real request pays no lazy set-up, and build the
+        compiled graphs (``progress(detail)`` hears about each shape as it starts).
+
+        Native forward: the shapes run eagerly, then the decoder layer is compiled; with a
+        ``compile_budget_s`` the compilation goes on in the background past the budget while the
+        engine serves eagerly, and decode steps switch to the graphs when they are ready.
+        """
+        from aieng.engine.warmup import warm_up
+
+        return warm_up(self, progress or (lambda detail: None))
 
     # -- internals -----------------------------------------------------------------------------
     def _request(self, request_id: str, prompt: str | list[int], params: SamplingParams) -> GenerationRequest:
@@ -195,86 +216,85 @@ class Engine:
         validate_request(len(ids), params, self.context_length)
         return GenerationRequest(request_id, ids, params)
 
-    def _prefill_group(self, requests: Sequence[GenerationRequest]) -> list[TokenEvent]:
-        from transformers import DynamicCache
-
-        # Compiled: a 1-token prompt gets one pad column (length 1 would be a graph of its own).
-        input_ids, mask = left_pad([r.prompt_ids for r in requests], self.pad_id, min_length=2 if self.compiled else 1)
-        input_ids, mask = input_ids.to(self.device), mask.to(self.device)  # [n, L]
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)  # [n, L]
-
-        def inputs() -> dict:  # a fresh cache on every try: a failed call may have half-filled one
-            # Compiled: always a mask, so padded and unpadded groups share a graph.
-            pass_mask = self.compiled or bool((mask == 0).any())
-            return dict(input_ids=input_ids, attention_mask=mask if pass_mask else None, position_ids=positions,
-                        use_cache=True, logits_to_keep=1, **{self._cache_kwarg: DynamicCache()})
-
-        out, used = self._call_model(inputs)
-        self.counts["prefill_calls"] += 1
-        new_batch = KVBatch(used[self._cache_kwarg], mask, mask.sum(-1)).make_contiguous()  # filled in place
-        new_rows = [Row.start(r, self.tokenizer, self.device) for r in requests]
-        events, alive = self._sample(out.logits[:, -1, :], new_rows)
-        if alive:
-            self.batch = KVBatch.merge(self.batch, new_batch if len(alive) == len(new_rows) else new_batch.select(alive))
-            self.rows = self.rows + [new_rows[i] for i in alive]
+    def _admit(self, requests: Sequence[GenerationRequest]) -> list[TokenEvent]:
+        events = []
+        for request in requests:
+            if len(self.rows) >= self.max_rows:
+                events.append(self._fail(request, None))
+                continue
+            self.runner.admit(request.request_id)
+            row = Row.start(request, self.tokenizer, self.device)
+            self.rows[request.request_id] = row
+            self.prefilling.append(row)
+            self.prefilled[request.request_id] = 0
         return events
 
-    def _decode_rows(self, batch: KVBatch, rows: list[Row]) -> tuple[KVBatch | None, list[Row], list[TokenEvent]]:
-        snapshot = [(layer.keys, layer.values) for layer in batch.cache.layers]
+    def _plan_chunks(self) -> list[Chunk]:
+        """The next prompt chunks, oldest first, within the step's prefill budget (padded tokens:
+        chunks are right-padded to the widest). The transformers runner takes whole prompts."""
+        budget = self.runner.chunk_tokens if self.runner.chunked else None
+        chunks: list[Chunk] = []
+        width = 0
+        for row in self.prefilling:
+            prompt, done = row.request.prompt_ids, self.prefilled[row.request_id]
+            take = len(prompt) - done if budget is None else min(len(prompt) - done, budget)
+            if budget is not None and chunks and (len(chunks) + 1) * max(width, take) > budget:
+                break
+            width = max(width, take)
+            chunks.append(Chunk(row.request_id, prompt[done:done + take], done, last=done + take == len(prompt)))
+        return chunks
 
-        def undo() -> None:  # a failed call may have appended to some layers: put them back
-            for layer, (keys, values) in zip(batch.cache.layers, snapshot):
-                layer.keys, layer.values = keys, values
+    @torch.inference_mode()
+    def _forward(self, chunks: list[Chunk], decoding: list[str]) -> list[TokenEvent]:
+        decode_rows = [self.rows[rid] for rid in decoding]
+        out = self._last = self.runner.forward(chunks, [row.last_token for row in decode_rows])
+        self.counts["prefill_calls"] += bool(chunks)
+        self.counts["decode_steps"] += bool(decoding)
+        events = [self._fail(self.rows[rid].request, exc) for rid, exc in out.failed.items()]
+        for chunk in chunks:
+            if chunk.request_id not in out.failed:
+                self.prefilled[chunk.request_id] += len(chunk.token_ids)
+        done = [self.rows[c.request_id] for c in chunks if c.last and c.request_id not in out.failed]
+        sampled_rows, logits = [], []
+        if done and out.prefill is not None:
+            sampled_rows += done
+            logits.append(out.prefill)
+        if decode_rows:
+            keep = [i for i, row in enumerate(decode_rows) if row.request_id not in out.failed]
+            sampled_rows += [decode_rows[i] for i in keep]
+            logits.append(out.decode if len(keep) == len(decode_rows) else out.decode[keep])
+        finished = set(out.failed)
+        if sampled_rows:
+            tokens = sample_batch(torch.cat(logits), [r.request.params for r in sampled_rows],
+                                  [r.generator for r in sampled_rows], [r.seen for r in sampled_rows])
+            for row, token in zip(sampled_rows, tokens):
+                event = row.advance(token, eos_ids=self.eos_ids, context_length=self.context_length)
+                events.append(event)
+                if event.finished:
+                    finished.add(row.request_id)
+        self.prefilling = [row for row in self.prefilling if row not in done and row.request_id not in finished]
+        self.runner.start_decoding([row.request_id for row in done if row.request_id not in finished])
+        if finished:
+            self._drop(list(finished))
+        return events
 
-        def inputs() -> dict:
-            input_ids = torch.tensor([[row.last_token] for row in rows], dtype=torch.long, device=self.device)  # [B, 1]
-            mask = None
-            # Compiled: every step carries a mask, so one graph serves padded and unpadded batches
-            # (and a lone padded row, such as a 1-token prompt padded to 2, needs no graph of its own).
-            if batch.padded or self.compiled:
-                ones = torch.ones((batch.size, 1), dtype=batch.mask.dtype, device=batch.mask.device)
-                mask = torch.cat([batch.mask, ones], dim=1)  # [B, T+1]
-            return dict(input_ids=input_ids, attention_mask=mask, position_ids=batch.next_pos[:, None],
-                        use_cache=True, **{self._cache_kwarg: batch.cache})
-
-        out, _ = self._call_model(inputs, undo=undo)
-        batch.append_column()
-        events, alive = self._sample(out.logits[:, -1, :], rows)
-        if len(alive) < len(rows):
-            batch = batch.select(alive) if alive else None
-            rows = [rows[i] for i in alive]
-        return batch, rows, events
-
-    def _call_model(self, make_inputs, *, undo=lambda: None):
-        """The forward; a compiler failure the compile state recovers from is retried (after ``undo``)."""
-        while True:
-            inputs = make_inputs()
-            try:
-                return self.forward(**inputs), inputs
-            except Exception as exc:
-                undo()
-                if not self.forward.recover(exc):
-                    raise
-
-    def _sample(self, logits: torch.Tensor, rows: list[Row]) -> tuple[list[TokenEvent], list[int]]:
-        """One token per row, turned into events; also the indices of the rows still running."""
-        tokens = sample_batch(logits, [r.request.params for r in rows], [r.generator for r in rows],
-                              [r.seen for r in rows])
-        events = [row.advance(token, eos_ids=self.eos_ids, context_length=self.context_length)
-                  for row, token in zip(rows, tokens)]
-        return events, [i for i, event in enumerate(events) if not event.finished]
+    @torch.inference_mode()  # the batch's tensors are inference tensors (a compiled graph is built for them)
+    def _drop(self, request_ids: list[str]) -> None:
+        self.runner.release(request_ids)
+        doomed = set(request_ids)
+        self.prefilling = [row for row in self.prefilling if row.request_id not in doomed]
+        for rid in request_ids:
+            self.rows.pop(rid, None)
+            self.prefilled.pop(rid, None)
 
     def _count_split(self) -> None:
         self.counts["oom_splits"] += 1
 
-    def _fail(self, request: GenerationRequest, exc: BaseException) -> TokenEvent:
-        log.error("out of memory even alone in the batch: %s", exc,
+    def _fail(self, request: GenerationRequest, exc: BaseException | None) -> TokenEvent:
+        log.error("out of memory even alone in the batch: %s", exc or "no free KV slot",
                   extra={"event": "engine_oom", "trace_id": request.trace_id, "prompt_tokens": len(request.prompt_ids)})
         return error_event(request.request_id, out_of_memory_error(), prompt_tokens=len(request.prompt_ids))
 
 
-def _combine_decoded(first, second):
-    """Two halves of a bisected decode step back into one batch (either half may have emptied)."""
-    (b1, r1, e1), (b2, r2, e2) = first, second
-    batch = b2 if b1 is None else (b1 if b2 is None else KVBatch.merge(b1, b2))
-    return batch, r1 + r2, e1 + e2
+def _head_dim(config) -> int:
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads

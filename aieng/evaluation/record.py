@@ -14,16 +14,19 @@ from aieng.errors import StoreError
 
 
 def evaluate_version(store: ModelStore, ref: ModelRef, config: LoadConfig = LoadConfig(), *,
-                     n_per_family: int = 50, int8: bool = False) -> dict:
+                     n_per_family: int = 50, int8: bool = False, variant: str | None = None) -> dict:
     """Load ``ref`` (hash-verified), run the held-out suite, write ``eval`` into its manifest.
 
     Returns the manifest entry plus ``name`` and ``version``. With ``int8`` the model is
     quantized first and the result goes to ``eval.variants.int8`` with its ``delta`` against the
     recorded full-precision metrics (which must exist and are left as they are).
     """
+    variant = variant or ("int8" if int8 else None)
+    if variant not in (None, "int8", "bfloat16"):
+        raise StoreError(f"unknown evaluation variant {variant!r}: use int8 or bfloat16")
     loaded = load_version(store, ref, config)
     model = loaded.model
-    if int8:
+    if variant:
         base = (loaded.manifest.eval or {}) if loaded.manifest else {}
         if "metrics" not in base:
             raise StoreError(f"{ref.name}@{loaded.version} has no recorded evaluation to compare int8 against; "
@@ -32,10 +35,17 @@ def evaluate_version(store: ModelStore, ref: ModelRef, config: LoadConfig = Load
             raise StoreError(f"the recorded evaluation of {ref.name}@{loaded.version} used {base.get('n_per_family')} "
                              f"prompts per family; run the int8 one with --n-per-family {base.get('n_per_family')} "
                              f"(or re-run `aieng eval` with {n_per_family} first)")
+    if variant == "int8":
         from aieng.engine.quantize import quantize_int8
 
         model = quantize_int8(model)
-    report = evaluate(model, loaded.tokenizer, n_per_family=n_per_family)
+    if variant == "bfloat16":
+        from aieng.engine.formats import bf16_linears
+
+        with bf16_linears(model):
+            report = evaluate(model, loaded.tokenizer, n_per_family=n_per_family)
+    else:
+        report = evaluate(model, loaded.tokenizer, n_per_family=n_per_family)
     entry = {
         "suite": report.suite,
         "metrics": {"accuracy": report.accuracy, "perplexity": report.perplexity},
@@ -43,16 +53,17 @@ def evaluate_version(store: ModelStore, ref: ModelRef, config: LoadConfig = Load
         "seconds": round(report.seconds, 2),
         "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
-    if int8:
+    if variant:
         metrics = base["metrics"]
         entry["delta"] = {
             "accuracy": {family: round(report.accuracy[family] - metrics["accuracy"].get(family, 0.0), 4)
                          for family in report.accuracy},
             "perplexity": round(report.perplexity - metrics["perplexity"], 4),
         }
-        entry = {**base, "variants": {**base.get("variants", {}), "int8": entry}}
+        entry = {**base, "variants": {**base.get("variants", {}), variant: entry}}
         store.update_manifest(ModelRef(ref.name, loaded.version), eval=entry)
-        return {"name": ref.name, "version": loaded.version, "int8": True, **entry["variants"]["int8"]}
+        return {"name": ref.name, "version": loaded.version, "variant": variant, "int8": variant == "int8",
+                **entry["variants"][variant]}
     if loaded.manifest and (loaded.manifest.eval or {}).get("variants"):
         entry["variants"] = loaded.manifest.eval["variants"]  # measured against the earlier numbers
     store.update_manifest(ModelRef(ref.name, loaded.version), eval=entry)

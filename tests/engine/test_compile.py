@@ -1,5 +1,8 @@
 """The compiled forward (what `aieng serve` runs by default): same tokens as eager, no graph
-compiled after warm-up whatever the batch does, and a clean fall-back when compile fails."""
+compiled after warm-up whatever the batch does, and a clean fall-back when compile fails.
+
+Both runners: the native forward compiles one decoder layer (``compiled_engine``), the
+transformers forward the whole model (``compiled_hf_engine``, with its warm/rewarm states)."""
 
 import random
 
@@ -50,8 +53,18 @@ def compiled_engine(demo):
     return engine
 
 
-def test_compiled_decode_matches_eager_and_compiles_nothing_after_warmup(compiled_engine, demo, render):
+@pytest.fixture(scope="module")
+def compiled_hf_engine(demo):
     model, tokenizer = demo
+    engine = Engine(model, tokenizer, config=EngineConfig(compile=True, native=False))
+    engine.warmup()
+    return engine
+
+
+@pytest.mark.parametrize("engine_fixture", ["compiled_engine", "compiled_hf_engine"])
+def test_compiled_decode_matches_eager_and_compiles_nothing_after_warmup(engine_fixture, demo, render, request):
+    model, tokenizer = demo
+    compiled_engine = request.getfixturevalue(engine_fixture)
     graphs_after_warmup = counters["stats"]["unique_graphs"]
     compiled = run_schedule(compiled_engine, render)
     eager = run_schedule(Engine(model, tokenizer, config=EAGER), render)
@@ -61,8 +74,9 @@ def test_compiled_decode_matches_eager_and_compiles_nothing_after_warmup(compile
     assert counters["stats"]["unique_graphs"] == graphs_after_warmup, "a decode step compiled a new graph"
 
 
-def test_a_decode_form_warmup_missed_turns_full_guards_back_on(compiled_engine, render):
-    real = compiled_engine.forward._compiled
+def test_a_decode_form_warmup_missed_turns_full_guards_back_on(compiled_hf_engine, render):
+    compiled_engine = compiled_hf_engine
+    real = compiled_engine.runner.forward_fn._compiled
     calls = {"n": 0}
 
     def flaky(**kwargs):
@@ -71,35 +85,38 @@ def test_a_decode_form_warmup_missed_turns_full_guards_back_on(compiled_engine, 
             raise RuntimeError("Recompilation triggered with skip_guard_eval_unsafe stance.")
         return real(**kwargs)
 
-    compiled_engine.forward._compiled = flaky
+    compiled_engine.runner.forward_fn._compiled = flaky
     try:
         out = compiled_engine.generate([render(TASKS[0])], SamplingParams(max_tokens=6, temperature=0))[0]
-        warmed_again = compiled_engine.forward.warm
+        warmed_again = compiled_engine.runner.forward_fn.warm
     finally:
-        compiled_engine.forward._compiled = real
-        compiled_engine.forward.mark_warm()
+        compiled_engine.runner.forward_fn._compiled = real
+        compiled_engine.runner.forward_fn.mark_warm()
     assert out.completion_tokens == 6 or out.finish_reason == "stop"
     assert compiled_engine.stats["rewarms"] == 1 and compiled_engine.compiled
     assert warmed_again, "after the missing graph is built, guards are skipped again"
 
 
-def test_a_model_error_inside_a_compiled_call_is_raised_and_keeps_compile_on(compiled_engine, render):
-    real = compiled_engine.forward._compiled
+def test_a_model_error_inside_a_compiled_call_is_raised_and_keeps_compile_on(compiled_hf_engine, render):
+    compiled_engine = compiled_hf_engine
+    real = compiled_engine.runner.forward_fn._compiled
 
     def broken(**kwargs):
         raise ValueError("a bug in the model, not in the compiler")
 
-    compiled_engine.forward._compiled = broken
+    compiled_engine.runner.forward_fn._compiled = broken
     try:
         with pytest.raises(ValueError, match="a bug in the model"):
             compiled_engine.generate([render(TASKS[2])], SamplingParams(max_tokens=4, temperature=0))
     finally:
-        compiled_engine.forward._compiled = real
+        compiled_engine.runner.forward_fn._compiled = real
         compiled_engine.remove(compiled_engine.running_ids())
     assert compiled_engine.compiled and compiled_engine.stats["compile_fallbacks"] == 0
 
 
-def test_a_lone_one_token_prompt_needs_no_new_graph(compiled_engine):
+@pytest.mark.parametrize("engine_fixture", ["compiled_engine", "compiled_hf_engine"])
+def test_a_lone_one_token_prompt_needs_no_new_graph(engine_fixture, request):
+    compiled_engine = request.getfixturevalue(engine_fixture)
     graphs = counters["stats"]["unique_graphs"]
     rewarms = compiled_engine.stats["rewarms"]
     assert compiled_engine.num_running == 0
@@ -110,15 +127,47 @@ def test_a_lone_one_token_prompt_needs_no_new_graph(compiled_engine):
 
 def test_compile_failure_falls_back_to_eager_and_keeps_serving(demo, render, caplog):
     model, tokenizer = demo
-    engine = Engine(model, tokenizer, config=EngineConfig(compile=True))
+    engine = Engine(model, tokenizer, config=EngineConfig(compile=True, native=False))
 
     def broken(**kwargs):
         raise torch._dynamo.exc.Unsupported("this model cannot be traced")  # what a failed trace raises
 
-    engine.forward._compiled = broken
+    engine.runner.forward_fn._compiled = broken
     params = SamplingParams(max_tokens=8, temperature=0)
     got = engine.generate([render(TASKS[1])], params)[0]
     want = Engine(model, tokenizer, config=EAGER).generate([render(TASKS[1])], params)[0]
     assert got.token_ids == want.token_ids
     assert not engine.compiled and engine.stats["compile_fallbacks"] == 1
     assert any("continuing eagerly" in r.getMessage() for r in caplog.records)
+
+
+def test_native_layer_compile_failure_falls_back_to_eager_and_keeps_serving(demo, render, caplog):
+    model, tokenizer = demo
+    engine = Engine(model, tokenizer, config=EngineConfig(compile=True))
+
+    def broken(*args, **kwargs):
+        raise torch._dynamo.exc.Unsupported("this layer cannot be traced")
+
+    engine.runner.net.compiled_layer = broken
+    engine.runner.compiled_ready = True  # as if warm-up had built the graphs
+    params = SamplingParams(max_tokens=8, temperature=0)
+    got = engine.generate([render(TASKS[1])], params)[0]
+    want = Engine(model, tokenizer, config=EAGER).generate([render(TASKS[1])], params)[0]
+    assert got.token_ids == want.token_ids
+    assert not engine.compiled and engine.compile_status == "failed"
+    assert any("continuing eagerly" in r.getMessage() for r in caplog.records)
+
+
+def test_past_its_budget_compilation_goes_on_in_the_background_while_the_engine_serves(demo, render):
+    model, tokenizer = demo
+    engine = Engine(model, tokenizer, config=EngineConfig(compile=True, compile_budget_s=0.0,
+                                                          warmup_batch_sizes=(1,), warmup_prompt_lengths=(8,)))
+    details = []
+    engine.warmup(progress=details.append)
+    assert any("compiling the decoder layer" in d for d in details) or engine.compile_status == "compiling"
+    params = SamplingParams(max_tokens=8, temperature=0)
+    served = engine.generate([render(TASKS[0])], params)[0]  # eagerly, or compiled if it already finished
+    engine._compile_thread.join(timeout=300)
+    assert engine.compile_status == "compiled" and engine.compiled
+    again = engine.generate([render(TASKS[0])], params)[0]
+    assert served.token_ids == again.token_ids

@@ -1,16 +1,24 @@
 """Out-of-memory is injected (it cannot be produced safely on a shared CI machine)."""
 
+import pytest
 import torch
 
 from aieng.engine import SamplingParams
 from aieng.engine import Engine, GenerationRequest, EngineConfig
 
-EAGER = EngineConfig(compile=False)  # the compiled path has its own tests (test_compile.py)
+RUNNERS = {"native": EngineConfig(compile=False), "hf": EngineConfig(compile=False, native=False)}
+
+
+@pytest.fixture(params=list(RUNNERS))
+def config(request) -> EngineConfig:
+    return RUNNERS[request.param]
 
 
 def limit_batch(engine, max_rows, *, poison_length=None):
     """Make the forward pass raise OOM above ``max_rows`` rows (or for a poisoned prompt length)."""
-    real = engine.forward
+    if hasattr(engine.runner, "net"):
+        return _limit_native(engine.runner, max_rows, poison_length)
+    real = engine.runner.forward_fn
 
     class Limited:
         def __getattr__(self, name):  # compile state (active, recover, ...) stays the real one's
@@ -24,25 +32,39 @@ def limit_batch(engine, max_rows, *, poison_length=None):
                 raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory")
             return real(**kwargs)
 
-    engine.forward = Limited()
+    engine.runner.forward_fn = Limited()
 
 
-def test_oom_splits_the_batch_and_results_are_unchanged(demo, render):
+def _limit_native(runner, max_rows, poison_length):
+    real = runner._layers
+
+    def limited(tokens, positions, plan, **kwargs):
+        rows = plan.decode_rows + (0 if plan.prefill_slots is None else len(plan.prefill_slots))
+        if rows > max_rows:
+            raise torch.OutOfMemoryError("injected: CUDA out of memory. Tried to allocate 2.00 GiB")
+        if poison_length is not None and plan.prefill_pos is not None and plan.prefill_pos.shape[1] == poison_length:
+            raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory")
+        return real(tokens, positions, plan, **kwargs)
+
+    runner._layers = limited
+
+
+def test_oom_splits_the_batch_and_results_are_unchanged(demo, render, config):
     model, tokenizer = demo
     prompts = [render(p) for p in ["reverse: egg fish gold", "add: 12+30", "json: pet=cat age=4", "sort: tree king", "reverse: pen oak sand"]]
     params = SamplingParams(max_tokens=16, temperature=0)
-    expected = [r.text for r in Engine(model, tokenizer, config=EAGER).generate(prompts, params)]
+    expected = [r.text for r in Engine(model, tokenizer, config=config).generate(prompts, params)]
 
-    engine = Engine(model, tokenizer, config=EAGER)
+    engine = Engine(model, tokenizer, config=config)
     limit_batch(engine, 2)
     got = [r.text for r in engine.generate(prompts, params)]
     assert got == expected
     assert engine.stats["oom_splits"] > 0
 
 
-def test_a_row_that_cannot_run_alone_fails_alone_and_the_engine_keeps_serving(demo, render):
+def test_a_row_that_cannot_run_alone_fails_alone_and_the_engine_keeps_serving(demo, render, config):
     model, tokenizer = demo
-    engine = Engine(model, tokenizer, config=EAGER)
+    engine = Engine(model, tokenizer, config=config)
     good = [GenerationRequest(f"ok{i}", engine.encode(render(p)), SamplingParams(max_tokens=12, temperature=0))
             for i, p in enumerate(["reverse: egg fish gold", "add: 22+22"])]
     poison = GenerationRequest("huge", [7] * 97, SamplingParams(max_tokens=12, temperature=0))
@@ -58,12 +80,12 @@ def test_a_row_that_cannot_run_alone_fails_alone_and_the_engine_keeps_serving(de
     assert engine.generate([render("add: 11+11")], SamplingParams(max_tokens=4, temperature=0))[0].text == "22"
 
 
-def test_decode_oom_splits_the_running_batch(demo, render):
+def test_decode_oom_splits_the_running_batch(demo, render, config):
     model, tokenizer = demo
-    engine = Engine(model, tokenizer, config=EAGER)
+    engine = Engine(model, tokenizer, config=config)
     prompts = [render(p) for p in ["reverse: egg fish gold hill", "json: score=12 city=rome", "sort: wolf cake jam"]]
     params = SamplingParams(max_tokens=16, temperature=0)
-    expected = [r.token_ids for r in Engine(model, tokenizer, config=EAGER).generate(prompts, params)]
+    expected = [r.token_ids for r in Engine(model, tokenizer, config=config).generate(prompts, params)]
     requests = [GenerationRequest(str(i), engine.encode(p), params) for i, p in enumerate(prompts)]
     events = engine.prefill(requests)  # all three join while memory is plentiful
     limit_batch(engine, 1)  # then memory shrinks: every decode must split down to single rows

@@ -49,7 +49,7 @@ def test_rows_joining_a_running_batch_get_the_same_tokens_as_alone(demo, render)
             produced[event.request_id].append(event.token_id)
         step += 1
     assert {p: tuple(ids) for p, ids in produced.items()} == alone
-    assert engine.batch is None and engine.num_running == 0
+    assert engine.num_running == 0 and engine.runner.decoding_ids() == []
 
 
 def test_demo_model_answers_correctly_through_the_engine(demo, render):
@@ -72,7 +72,7 @@ def test_remove_drops_a_row_between_steps_and_the_rest_continue(demo, render):
                              GenerationRequest("drop", engine.encode(render("reverse: boat door glass milk road")), params)])
     events += engine.decode()
     assert engine.remove(["drop", "unknown"]) == ["drop"]
-    assert engine.running_ids() == ["keep"] and engine.batch.size == 1
+    assert engine.running_ids() == ["keep"] and engine.runner.decoding_ids() == ["keep"]
     while engine.num_running:
         events += engine.decode()
     assert tuple(e.token_id for e in events if e.request_id == "keep") == expected

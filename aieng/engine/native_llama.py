@@ -1,0 +1,227 @@
+"""The Llama-family forward written for serving: static KV slots, mixed prefill/decode steps,
+weights in the format each batch size runs fastest in, one compiled decoder layer.
+
+transformers' ``LlamaForCausalLM.forward`` serves one shape of work: a batch of equal-length
+rows and a cache it grows by concatenation. Serving needs more, so (like gpt-fast and vLLM) the
+engine runs its own forward over the same weights:
+
+- **One step, two groups of rows.** ``B`` decoding rows (one token each, in slots ``0..B-1``)
+  and ``n`` rows being prefilled (a chunk of ``C`` prompt tokens each, right-padded). The linear
+  layers, which are most of the work, run once on all ``B + n·C`` tokens; attention runs per
+  group against the static cache (``slots.SlotKVCache``). So a long prompt joins in chunks while
+  the running streams keep decoding in the same matrix multiplies.
+- **Grouped-query attention without copies.** The query heads that share a key/value head are
+  folded into the query-length dimension, so ``scaled_dot_product_attention`` reads the cache
+  views as they are (no ``repeat_kv``).
+- **Weight formats by batch size** (``WeightFormats``): on a CPU without native bf16 matrix units
+  a bf16 matrix-vector product reads half the bytes and wins at batch 1, while fp32 wins at
+  batch 32; both copies are kept when the memory budget allows, and each step picks by its token
+  count (``bf16_max_tokens``, measured at start-up by ``aieng.engine.formats``).
+- **Regional compilation.** Every decoder layer has the same shapes, so ``torch.compile`` of the
+  layer function builds one graph that all layers share: compile time does not grow with depth.
+  Decode-only steps use it; steps with a prefill chunk, which are compute-bound, run eagerly.
+
+Supported: ``llama``, ``mistral`` and ``qwen2`` configurations with full attention (rotary and
+its scaling come from the model's own rotary module). Anything else is served by the
+transformers forward (``hf_runner``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+
+
+def native_support(model) -> str | None:
+    """None when the native forward can serve ``model``; otherwise why not."""
+    config = model.config
+    if getattr(config, "model_type", None) not in SUPPORTED_MODEL_TYPES:
+        return f"model type {getattr(config, 'model_type', None)!r} is not one of {SUPPORTED_MODEL_TYPES}"
+    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
+        return "sliding-window attention"
+    if getattr(config, "hidden_act", "silu") != "silu":
+        return f"activation {config.hidden_act!r}"
+    if getattr(config, "mlp_bias", False):
+        return "MLP bias"
+    return None
+
+
+@dataclass
+class LayerWeights:
+    """One decoder layer, projections fused: qkv [(H + 2·KV)·d, D] and gate|up [2·I, D]."""
+
+    qkv: torch.Tensor
+    qkv_bias: torch.Tensor | None
+    o: torch.Tensor
+    gate_up: torch.Tensor
+    down: torch.Tensor
+    norm_attn: torch.Tensor
+    norm_mlp: torch.Tensor
+
+    def to(self, dtype: torch.dtype) -> "LayerWeights":
+        """A copy with the matrices in ``dtype`` (norms and biases stay as they are)."""
+        return LayerWeights(self.qkv.to(dtype), self.qkv_bias, self.o.to(dtype), self.gate_up.to(dtype),
+                            self.down.to(dtype), self.norm_attn, self.norm_mlp)
+
+    @property
+    def matrices(self) -> tuple[torch.Tensor, ...]:
+        return self.qkv, self.o, self.gate_up, self.down
+
+
+@dataclass(frozen=True)
+class Dims:
+    heads: int
+    kv_heads: int
+    head_dim: int
+    eps: float
+
+
+@dataclass
+class AttentionPlan:
+    """Where this step's tokens sit: ``B`` decode tokens first, then ``n`` chunks of ``C``.
+
+    ``decode_pos`` [B]: each decoding row's position (= its cache length before the step).
+    ``prefill_slots`` [n], ``prefill_pos`` [n, C]: slots and positions of the chunk tokens
+    (padding is written to the scratch column and never attended by a real token).
+    ``*_mask``: True where a query may attend a key, [B, 1, 1, Ld] and [n, 1, C, Lp].
+    """
+
+    decode_rows: int
+    decode_first: int  # the first decoding slot in this call (0 unless an out-of-memory split)
+    decode_pos: torch.Tensor | None
+    decode_mask: torch.Tensor | None
+    prefill_slots: torch.Tensor | None
+    prefill_pos: torch.Tensor | None
+    prefill_write: torch.Tensor | None
+    prefill_mask: torch.Tensor | None
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    variance = x.float().pow(2).mean(-1, keepdim=True)
+    return weight * (x.float() * torch.rsqrt(variance + eps)).to(x.dtype)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x @ weight.T`` in the weight's dtype, result in ``x``'s (fp32 activations throughout)."""
+    out = F.linear(x.to(weight.dtype), weight).to(x.dtype)
+    return out if bias is None else out + bias
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding on [N, heads, d] with cos/sin [N, 1, d] (the rotate-half convention)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+def decoder_layer(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, w: LayerWeights, dims: Dims,
+                  keys: torch.Tensor, values: torch.Tensor, plan: AttentionPlan) -> torch.Tensor:
+    """One decoder layer over the step's flat tokens x [N, D]; writes this layer's cache in place."""
+    n_tokens = x.shape[0]
+    h = rms_norm(x, w.norm_attn, dims.eps)
+    qkv = linear(h, w.qkv, w.qkv_bias)
+    q_size, kv_size = dims.heads * dims.head_dim, dims.kv_heads * dims.head_dim
+    q = qkv[:, :q_size].view(n_tokens, dims.heads, dims.head_dim)
+    k = qkv[:, q_size:q_size + kv_size].view(n_tokens, dims.kv_heads, dims.head_dim)
+    v = qkv[:, q_size + kv_size:].view(n_tokens, dims.kv_heads, dims.head_dim)
+    q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+    groups = dims.heads // dims.kv_heads
+    parts = []
+    b = plan.decode_rows
+    if b:
+        first = plan.decode_first
+        rows = torch.arange(first, first + b, device=x.device)
+        keys[rows, :, plan.decode_pos] = k[:b]
+        values[rows, :, plan.decode_pos] = v[:b]
+        length = plan.decode_mask.shape[-1]
+        query = q[:b].view(b, dims.kv_heads, groups, dims.head_dim)  # query heads of a KV head as rows
+        out = F.scaled_dot_product_attention(query, keys[first:first + b, :, :length],
+                                             values[first:first + b, :, :length], attn_mask=plan.decode_mask)
+        parts.append(out.reshape(b, q_size))
+    if plan.prefill_slots is not None:
+        n, chunk = plan.prefill_pos.shape
+        slots = plan.prefill_slots[:, None]
+        keys[slots, :, plan.prefill_write] = k[b:].view(n, chunk, dims.kv_heads, dims.head_dim)
+        values[slots, :, plan.prefill_write] = v[b:].view(n, chunk, dims.kv_heads, dims.head_dim)
+        length = plan.prefill_mask.shape[-1]
+        query = (q[b:].view(n, chunk, dims.kv_heads, groups, dims.head_dim)
+                 .permute(0, 2, 3, 1, 4).reshape(n, dims.kv_heads, groups * chunk, dims.head_dim))
+        mask = plan.prefill_mask.repeat(1, 1, groups, 1)
+        cached_k = keys[:, :, :length].index_select(0, plan.prefill_slots)
+        cached_v = values[:, :, :length].index_select(0, plan.prefill_slots)
+        out = F.scaled_dot_product_attention(query, cached_k, cached_v, attn_mask=mask)  # [n, KV, g·C, d]
+        out = out.view(n, dims.kv_heads, groups, chunk, dims.head_dim).permute(0, 3, 1, 2, 4)
+        parts.append(out.reshape(n * chunk, q_size))
+    attn = parts[0] if len(parts) == 1 else torch.cat(parts)
+    x = x + linear(attn, w.o)
+    h = rms_norm(x, w.norm_mlp, dims.eps)
+    gate, up = linear(h, w.gate_up).chunk(2, dim=-1)
+    return x + linear(F.silu(gate) * up, w.down)
+
+
+class NativeLlama:
+    """The weights of a transformers Llama-family model, arranged for ``decoder_layer``."""
+
+    def __init__(self, model, *, bf16_copy: bool, compile_layers: bool):
+        config, inner = model.config, model.model
+        self.model = model
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        self.dims = Dims(config.num_attention_heads, config.num_key_value_heads, head_dim, config.rms_norm_eps)
+        self.embed = inner.embed_tokens
+        self.rotary = inner.rotary_emb
+        self.final_norm = inner.norm.weight
+        self.final_eps = getattr(inner.norm, "variance_epsilon", config.rms_norm_eps)
+        self.lm_head = model.lm_head.weight
+        self.layers = [_layer_weights(layer) for layer in inner.layers]
+        self.layers_bf16 = [w.to(torch.bfloat16) for w in self.layers] if bf16_copy else None
+        self.dtype = self.lm_head.dtype
+        self.eager_layer = decoder_layer
+        self.compiled_layer = torch.compile(decoder_layer, dynamic=True) if compile_layers else None
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    def weights(self, bf16: bool) -> list[LayerWeights]:
+        return self.layers_bf16 if bf16 and self.layers_bf16 is not None else self.layers
+
+    def hidden(self, tokens: torch.Tensor, positions: torch.Tensor, plan: AttentionPlan, cache, *,
+               bf16: bool, compiled: bool) -> torch.Tensor:
+        """Run every layer over the flat tokens [N] at positions [N]; the final hidden states [N, D]."""
+        x = self.embed(tokens)
+        cos, sin = self.rotary(x[None], positions[None])
+        cos, sin = cos[0, :, None, :], sin[0, :, None, :]
+        layer = self.compiled_layer if compiled and self.compiled_layer is not None else self.eager_layer
+        for i, w in enumerate(self.weights(bf16)):
+            x = layer(x, cos, sin, w, self.dims, cache.keys[i], cache.values[i], plan)
+        return x
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return F.linear(rms_norm(hidden, self.final_norm, self.final_eps), self.lm_head).float()
+
+
+def _fuse(modules, attribute: str) -> torch.Tensor | None:
+    """Concatenate the modules' weights (or biases) and make the modules views of the result, so
+    the transformers model keeps working (reference checks, evaluation) without a second copy."""
+    tensors = [getattr(m, attribute) for m in modules]
+    if tensors[0] is None:
+        return None
+    fused = torch.cat([t.detach() for t in tensors]).contiguous()
+    start = 0
+    for module, t in zip(modules, tensors):
+        setattr(module, attribute, torch.nn.Parameter(fused[start:start + t.shape[0]], requires_grad=False))
+        start += t.shape[0]
+    return fused
+
+
+def _layer_weights(layer) -> LayerWeights:
+    attn, mlp = layer.self_attn, layer.mlp
+    projections = (attn.q_proj, attn.k_proj, attn.v_proj)
+    qkv, bias = _fuse(projections, "weight"), _fuse(projections, "bias")
+    gate_up = _fuse((mlp.gate_proj, mlp.up_proj), "weight")
+    return LayerWeights(qkv, bias, attn.o_proj.weight.detach(), gate_up, mlp.down_proj.weight.detach(),
+                        layer.input_layernorm.weight.detach(), layer.post_attention_layernorm.weight.detach())

@@ -1,0 +1,238 @@
+"""Runs the engine's steps on the native Llama forward over the static slot cache.
+
+The engine decides *what* a step does (which rows decode, which prompt chunks prefill); this
+runner turns that into tensors, one forward for both groups (``native_llama``), and the cache
+bookkeeping (``slots``). It also owns the compiled-layer state: eager until the graphs are
+built (at warm-up, or in the background when compilation would exceed its budget).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+
+from aieng.engine.native_llama import AttentionPlan, NativeLlama
+from aieng.engine.oom import is_out_of_memory, release_cached_memory
+from aieng.engine.runner import Chunk, StepLogits
+from aieng.engine.slots import SlotKVCache, SlotShape, plan_slots
+
+log = logging.getLogger("aieng.engine")
+
+
+class NativeRunner:
+    chunked = True
+
+    def __init__(self, model, *, context_length: int, max_rows: int, kv_cache_bytes: int,
+                 prefill_chunk_tokens: int, bf16_max_tokens: int, compile_layers: bool):
+        self.device = next(model.parameters()).device
+        self.net = NativeLlama(model, bf16_copy=bf16_max_tokens > 0, compile_layers=compile_layers)
+        dims = self.net.dims
+        shape = SlotShape(self.net.num_layers, dims.kv_heads, dims.head_dim, self.net.dtype)
+        rows = plan_slots(shape, budget_bytes=kv_cache_bytes, capacity=context_length, max_rows=max_rows)
+        self.cache = SlotKVCache(shape, slots=rows, capacity=context_length, device=self.device)
+        self.chunk_tokens = prefill_chunk_tokens
+        self.bf16_max_tokens = bf16_max_tokens
+        self.compiled_ready = False  # the compiled layer's graphs exist: decode-only steps use it
+        self.compile_failed = False
+        self._compile_thread: threading.Thread | None = None
+        self.splits = 0  # forwards retried in halves after running out of memory
+
+    # -- bookkeeping the engine asks for ---------------------------------------------------------
+    @property
+    def max_rows(self) -> int:
+        return self.cache.slots
+
+    @property
+    def compiled(self) -> bool:
+        return self.compiled_ready and not self.compile_failed
+
+    def admit(self, request_id: str) -> None:
+        self.cache.acquire(request_id)
+
+    def start_decoding(self, request_ids: Sequence[str]) -> None:
+        for request_id in request_ids:
+            self.cache.start_decoding(request_id)
+
+    def release(self, request_ids: Sequence[str]) -> None:
+        for request_id in request_ids:
+            self.cache.release(request_id)
+
+    def decoding_ids(self) -> list[str]:
+        return list(self.cache.decoding)
+
+    # -- the step ------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def forward(self, chunks: Sequence[Chunk], decode_tokens: Sequence[int]) -> StepLogits:
+        """Decode ``decode_tokens`` (one per decoding row, slot order) and prefill ``chunks``."""
+        start = time.perf_counter()
+        result = StepLogits()
+        try:
+            result.decode, result.prefill = self._run(chunks, decode_tokens, first=0)
+        except Exception as exc:
+            if not is_out_of_memory(exc):
+                raise
+            release_cached_memory(self.device)
+            result = self._after_oom(chunks, decode_tokens)
+        elapsed = time.perf_counter() - start
+        result.prefill_s = elapsed if chunks else None
+        result.decode_s = elapsed if decode_tokens else None
+        return result
+
+    def _after_oom(self, chunks: Sequence[Chunk], decode_tokens: Sequence[int]) -> StepLogits:
+        """Out of memory: prefill and decode apart, each bisected; what fails alone is reported."""
+        result = StepLogits()
+        result.decode = self._decode_bisect(list(decode_tokens), first=0, failed=result.failed) if decode_tokens else None
+        rows = [lg for _, lg in self._prefill_bisect(list(chunks), result.failed)]
+        result.prefill = torch.cat(rows) if rows else None
+        return result
+
+    def _prefill_bisect(self, chunks: list[Chunk], failed: dict) -> list[tuple[Chunk, torch.Tensor]]:
+        """(chunk, its logits row) for the prompt-ending chunks that ran; failures go to ``failed``."""
+        if not chunks:
+            return []
+        try:
+            _, logits = self._run(chunks, (), first=0)
+            enders = [c for c in chunks if c.last]
+            return [(c, logits[i:i + 1]) for i, c in enumerate(enders)]
+        except Exception as exc:
+            if not is_out_of_memory(exc):
+                raise
+            release_cached_memory(self.device)
+            self.splits += 1
+            if len(chunks) == 1:
+                failed[chunks[0].request_id] = exc
+                return []
+            half = len(chunks) // 2
+            return self._prefill_bisect(chunks[:half], failed) + self._prefill_bisect(chunks[half:], failed)
+
+    def _decode_bisect(self, tokens: list[int], *, first: int, failed: dict) -> torch.Tensor:
+        try:
+            logits, _ = self._run((), tokens, first=first)
+            return logits
+        except Exception as exc:
+            if not is_out_of_memory(exc):
+                raise
+            release_cached_memory(self.device)
+            self.splits += 1
+            if len(tokens) == 1:
+                failed[self.cache.decoding[first]] = exc
+                return torch.full((1, self.net.lm_head.shape[0]), float("nan"))
+            half = len(tokens) // 2
+            return torch.cat([self._decode_bisect(tokens[:half], first=first, failed=failed),
+                              self._decode_bisect(tokens[half:], first=first + half, failed=failed)])
+
+    def _run(self, chunks: Sequence[Chunk], decode_tokens: Sequence[int], *, first: int):
+        cache, device = self.cache, self.device
+        b = len(decode_tokens)
+        token_lists = [list(decode_tokens)]
+        position_lists = [cache.lengths[first:first + b]]
+        decode_pos = decode_mask = None
+        if b:
+            decode_pos = torch.tensor(position_lists[0], device=device)
+            span = max(position_lists[0]) + 1
+            decode_mask = (torch.arange(span, device=device)[None, :] <= decode_pos[:, None])[:, None, None, :]
+        prefill = {}
+        if chunks:
+            prefill = self._prefill_tensors(chunks, token_lists, position_lists)
+        tokens = torch.tensor([t for part in token_lists for t in part], dtype=torch.long, device=device)
+        positions = torch.tensor([p for part in position_lists for p in part], dtype=torch.long, device=device)
+        plan = AttentionPlan(b, first, decode_pos, decode_mask, prefill.get("slots"), prefill.get("pos"),
+                             prefill.get("write"), prefill.get("mask"))
+        bf16 = 0 < len(tokens) <= self.bf16_max_tokens
+        use_compiled = self.compiled and not chunks and first == 0
+        hidden = self._layers(tokens, positions, plan, bf16=bf16, compiled=use_compiled)
+        # Only now, with the forward done, do the rows' lengths move: a failed call changes nothing.
+        for slot in range(first, first + b):
+            cache.lengths[slot] += 1
+        picks = list(range(b))
+        for i, chunk in enumerate(chunks):
+            cache.lengths[cache.slot_of[chunk.request_id]] += len(chunk.token_ids)
+            if chunk.last:
+                picks.append(b + i * prefill["width"] + len(chunk.token_ids) - 1)
+        logits = self.net.logits(hidden[torch.tensor(picks, device=device)]) if picks else None
+        decode_logits = logits[:b] if b else None
+        prefill_logits = logits[b:] if logits is not None and len(picks) > b else None
+        return decode_logits, prefill_logits
+
+    def _prefill_tensors(self, chunks: Sequence[Chunk], token_lists: list, position_lists: list) -> dict:
+        """Right-pad the chunks to one width; padding writes to the scratch column."""
+        cache, device = self.cache, self.device
+        width = max(len(c.token_ids) for c in chunks)
+        slots, write, pos = [], [], []
+        for chunk in chunks:
+            n = len(chunk.token_ids)
+            slots.append(cache.slot_of[chunk.request_id])
+            row_pos = [chunk.start + j for j in range(width)]
+            pos.append(row_pos)
+            write.append(row_pos[:n] + [cache.capacity] * (width - n))
+            token_lists.append(list(chunk.token_ids) + [0] * (width - n))
+            position_lists.append([min(p, cache.capacity - 1) for p in row_pos])
+        pos_t = torch.tensor(pos, device=device)
+        span = max(c.start + len(c.token_ids) for c in chunks)
+        mask = (torch.arange(span, device=device)[None, None, :] <= pos_t[:, :, None])[:, None]
+        return {"slots": torch.tensor(slots, device=device), "pos": pos_t, "write": torch.tensor(write, device=device),
+                "mask": mask, "width": width}
+
+    def _layers(self, tokens, positions, plan, *, bf16: bool, compiled: bool) -> torch.Tensor:
+        if not compiled:
+            return self.net.hidden(tokens, positions, plan, self.cache, bf16=bf16, compiled=False)
+        try:
+            return self.net.hidden(tokens, positions, plan, self.cache, bf16=bf16, compiled=True)
+        except torch._dynamo.exc.TorchDynamoException as exc:  # includes inductor's errors
+            log.warning("the compiled decoder layer failed (%s); continuing eagerly", str(exc).splitlines()[0],
+                        extra={"event": "engine_compile_fallback"})
+            self.compile_failed = True
+            return self.net.hidden(tokens, positions, plan, self.cache, bf16=bf16, compiled=False)
+
+    # -- compilation ---------------------------------------------------------------------------
+    def compile_shapes(self) -> list[tuple[int, bool]]:
+        """The decode-only graphs serving uses: (rows, bf16) for one row and several, each format."""
+        shapes = []
+        for rows in (1, 2, self.bf16_max_tokens + 1):
+            if rows > self.max_rows:
+                continue
+            bf16 = rows <= self.bf16_max_tokens
+            if (rows, bf16) not in shapes:
+                shapes.append((rows, bf16))
+        return shapes
+
+    @torch.inference_mode()
+    def build_graphs(self, progress: Callable[[str], None] = lambda detail: None) -> float:
+        """Compile the layer for every decode shape, on a scratch cache (any thread may call this)."""
+        if self.net.compiled_layer is None:
+            return 0.0
+        start = time.perf_counter()
+        scratch = SlotKVCache(self.cache.shape, slots=max(r for r, _ in self.compile_shapes()),
+                              capacity=64, device=self.device)
+        shapes = self.compile_shapes()
+        for i, (rows, bf16) in enumerate(shapes, 1):
+            progress(f"compiling the decoder layer: decode {rows} row{'s' if rows > 1 else ''}, "
+                     f"{'bf16' if bf16 else 'fp32'} weights ({i}/{len(shapes)})")
+            pos = torch.full((rows,), 5, device=self.device)
+            for span in (6, 7):  # two lengths, so the graph is built with a symbolic length
+                mask = (torch.arange(span, device=self.device)[None, :] <= pos[:, None])[:, None, None, :]
+                plan = AttentionPlan(rows, 0, pos, mask, None, None, None, None)
+                tokens = torch.zeros(rows, dtype=torch.long, device=self.device)
+                self.net.hidden(tokens, pos, plan, scratch, bf16=bf16, compiled=True)
+        return time.perf_counter() - start
+
+    def compile_in_background(self, progress: Callable[[str], None], done: Callable[[float], None]) -> threading.Thread:
+        """Build the graphs on another thread; the engine serves eagerly until they are ready."""
+        def work():
+            try:
+                seconds = self.build_graphs(progress)
+                self.compiled_ready = True
+                done(seconds)
+            except Exception as exc:  # noqa: BLE001 - a compiler failure must never stop serving
+                self.compile_failed = True
+                log.warning("compiling the decoder layer failed (%s: %s); serving eagerly", type(exc).__name__,
+                            str(exc).splitlines()[0] if str(exc) else "", extra={"event": "engine_compile_fallback"})
+                done(-1.0)
+
+        self._compile_thread = threading.Thread(target=work, name="aieng-compile", daemon=True)
+        self._compile_thread.start()
+        return self._compile_thread

@@ -1,0 +1,120 @@
+"""A static key/value cache: one preallocated slot per row, written in place every step.
+
+Why: the dynamic cache (``kv_batch``) concatenates the whole batch's keys and values when a row
+joins and grows every layer's tensor by a column per step, so a step at 1,000 tokens of context
+copies the cache it attends to. Here the memory is allocated once, at start-up, from a budget
+(``EngineConfig.kv_cache_bytes``): ``slots`` rows × ``capacity`` tokens, per layer
+
+    keys, values: [slots, kv_heads, capacity + 1, head_dim]
+
+(the extra column is scratch, where the padding of a batched prefill chunk is written). A step
+writes each row's new keys and values at its position and attends to ``[:, :, :length]`` views.
+
+Layout rule that keeps decode free of copies: **the decoding rows are slots ``0..B-1``**, in the
+engine's row order, so the decode attention reads the views ``keys[:B, :, :L]``. Rows still being
+prefilled sit in higher slots. A row that starts decoding is swapped into slot ``B``; a row that
+leaves is replaced by the last decoding row (``swap``: two rows' valid prefixes copied, not the
+batch). ``decoding`` lists the request ids in slot order; the engine reads its rows from it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from aieng.errors import AiengError
+
+
+@dataclass(frozen=True)
+class SlotShape:
+    layers: int
+    kv_heads: int
+    head_dim: int
+    dtype: torch.dtype
+
+    def bytes_per_token(self) -> int:
+        element = torch.tensor([], dtype=self.dtype).element_size()
+        return 2 * self.layers * self.kv_heads * self.head_dim * element
+
+
+def plan_slots(shape: SlotShape, *, budget_bytes: int, capacity: int, max_rows: int) -> int:
+    """How many rows of ``capacity`` tokens the budget holds (at most ``max_rows``, at least 1)."""
+    per_row = shape.bytes_per_token() * (capacity + 1)
+    rows = min(max_rows, budget_bytes // per_row)
+    if rows < 1:
+        need = per_row / 2**20
+        raise AiengError(f"the KV cache budget ({budget_bytes / 2**20:.0f} MiB) does not hold one row of "
+                         f"{capacity} tokens ({need:.0f} MiB): raise AIENG_KV_CACHE_MB or serve a shorter context",
+                         code="kv_budget_too_small")
+    return int(rows)
+
+
+class SlotKVCache:
+    def __init__(self, shape: SlotShape, *, slots: int, capacity: int, device: torch.device):
+        self.shape = shape
+        self.slots = slots
+        self.capacity = capacity  # tokens a row may hold (prompt + generated)
+        size = (slots, shape.kv_heads, capacity + 1, shape.head_dim)
+        # Inference tensors: the compiled layer's graphs are built for them (``build_graphs`` runs
+        # under inference mode, on a scratch cache), and a tensor's inference-ness is part of a graph.
+        with torch.inference_mode():
+            self.keys = [torch.zeros(size, dtype=shape.dtype, device=device) for _ in range(shape.layers)]
+            self.values = [torch.zeros(size, dtype=shape.dtype, device=device) for _ in range(shape.layers)]
+        self.lengths = [0] * slots  # valid tokens per slot
+        self.owner: list[str | None] = [None] * slots  # request id per slot
+        self.slot_of: dict[str, int] = {}
+        self.decoding: list[str] = []  # ids of the decoding rows: slot i holds decoding[i]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.keys + self.values)
+
+    @property
+    def free(self) -> int:
+        return self.slots - len(self.slot_of)
+
+    def acquire(self, request_id: str) -> int:
+        """A free slot for a new row (in prefill), above the decoding rows."""
+        for slot in range(len(self.decoding), self.slots):
+            if self.owner[slot] is None:
+                self.owner[slot], self.slot_of[request_id], self.lengths[slot] = request_id, slot, 0
+                return slot
+        raise AiengError(f"all {self.slots} KV cache slots are in use", code="kv_cache_full")
+
+    def start_decoding(self, request_id: str) -> None:
+        """The row's prompt is in the cache: move it to slot B and count it among the decoding rows."""
+        target = len(self.decoding)
+        self.swap(self.slot_of[request_id], target)
+        self.decoding.append(request_id)
+
+    def release(self, request_id: str) -> None:
+        """Free the row's slot, keeping the decoding rows packed in slots 0..B-1."""
+        slot = self.slot_of.get(request_id)
+        if slot is None:
+            return
+        if request_id in self.decoding:
+            last = len(self.decoding) - 1
+            self.swap(slot, last)  # the last decoding row fills the hole
+            self.decoding[slot] = self.decoding[last]
+            self.decoding.pop()
+            slot = last
+        del self.slot_of[request_id]
+        self.owner[slot], self.lengths[slot] = None, 0
+
+    @torch.inference_mode()
+    def swap(self, a: int, b: int) -> None:
+        """Exchange the contents of two slots (only their valid prefixes are copied)."""
+        if a == b:
+            return
+        n = max(self.lengths[a], self.lengths[b])
+        if n:
+            index = torch.tensor([b, a], device=self.keys[0].device)
+            for tensors in (self.keys, self.values):
+                for t in tensors:
+                    t[[a, b], :, :n] = t[:, :, :n].index_select(0, index)
+        self.lengths[a], self.lengths[b] = self.lengths[b], self.lengths[a]
+        self.owner[a], self.owner[b] = self.owner[b], self.owner[a]
+        for slot in (a, b):
+            if self.owner[slot] is not None:
+                self.slot_of[self.owner[slot]] = slot

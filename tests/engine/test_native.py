@@ -1,0 +1,125 @@
+"""The native forward: a static slot cache written in place, prompts prefilled in chunks mixed
+with decode steps, a KV budget that bounds the rows, bf16 weights for small steps — and greedy
+tokens identical to transformers' generate() through all of it."""
+
+import pytest
+import torch
+
+from aieng.engine import Engine, EngineConfig, GenerationRequest, SamplingParams
+from aieng.engine.reference import reference_greedy
+from aieng.engine.slots import SlotKVCache, SlotShape, plan_slots
+from aieng.errors import AiengError
+
+PROMPTS = ["reverse: apple stone river", "add: 27+58", "json: name=ana age=31 city=oslo", "sort: river apple stone"]
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_shape_model_dir):
+    """A random Llama with grouped-query attention (4 heads, 2 KV heads)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_shape_model_dir, local_files_only=True).eval()
+    return model, AutoTokenizer.from_pretrained(tiny_shape_model_dir, local_files_only=True)
+
+
+def greedy_reference(engine, model, prompts, n):
+    return reference_greedy(model, [engine.encode(p) for p in prompts], max_new_tokens=n, eos_ids=engine.eos_ids,
+                            pad_id=engine.pad_id)
+
+
+@pytest.mark.parametrize("arch", ["demo", "tiny", "qwen"])
+@pytest.mark.parametrize("chunk", [3, 256])
+def test_chunked_prefill_gives_generate_s_tokens(arch, chunk, request, render):
+    model, tokenizer = request.getfixturevalue(arch)
+    engine = Engine(model, tokenizer, config=EngineConfig(compile=False, prefill_chunk_tokens=chunk))
+    assert type(engine.runner).__name__ == "NativeRunner"
+    prompts = [render(p) for p in PROMPTS] + [render("reverse: " + " ".join(["stone"] * 12))]
+    got = engine.generate(prompts, SamplingParams(max_tokens=16, temperature=0, ignore_eos=arch != "demo"))
+    want = greedy_reference(engine, model, prompts, 16) if arch == "demo" else None
+    if want is not None:
+        assert [r.token_ids for r in got] == want
+    else:  # random weights: compare with the transformers forward through the other runner
+        hf = Engine(model, tokenizer, config=EngineConfig(compile=False, native=False))
+        assert [r.token_ids for r in got] == [r.token_ids for r in hf.generate(
+            prompts, SamplingParams(max_tokens=16, temperature=0, ignore_eos=True))]
+
+
+def test_a_long_prompt_joins_in_chunks_while_running_rows_keep_decoding(demo, render):
+    model, tokenizer = demo
+    engine = Engine(model, tokenizer, config=EngineConfig(compile=False, prefill_chunk_tokens=8))
+    params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
+    running = [GenerationRequest(f"r{i}", engine.encode(render(p)), params) for i, p in enumerate(PROMPTS[:2])]
+    engine.prefill(running)
+    long_ids = engine.encode(render("reverse: " + " ".join(["stone", "apple", "river"] * 12)))
+    assert len(long_ids) > 40
+    step = engine.step([GenerationRequest("long", long_ids, params)])
+    steps_to_join = 1
+    while not any(e.request_id == "long" for e in step.events):
+        assert {e.request_id for e in step.events} == {"r0", "r1"}, "every running row got its token this step"
+        step = engine.step()
+        steps_to_join += 1
+    assert steps_to_join == -(-len(long_ids) // 8)  # one 8-token chunk per step
+    engine.remove(engine.running_ids())
+
+
+def test_the_cache_is_allocated_once_and_written_in_place(demo, render):
+    model, tokenizer = demo
+    engine = Engine(model, tokenizer, config=EngineConfig(compile=False, max_rows=4))
+    cache = engine.runner.cache
+    pointers = [t.data_ptr() for t in cache.keys + cache.values]
+    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    engine.generate([render(p) for p in PROMPTS * 2], params)  # 8 prompts through 4 slots
+    assert [t.data_ptr() for t in cache.keys + cache.values] == pointers
+    assert cache.free == 4 and cache.decoding == []
+
+
+def test_kv_budget_bounds_the_rows_and_extra_prompts_wait(demo, render):
+    model, tokenizer = demo
+    probe = Engine(model, tokenizer, config=EngineConfig(compile=False, max_rows=1))
+    row_bytes = probe.runner.cache.nbytes
+    engine = Engine(model, tokenizer, config=EngineConfig(compile=False, max_rows=8, kv_cache_bytes=3 * row_bytes))
+    assert engine.max_rows == 3
+    params = SamplingParams(max_tokens=10, temperature=0)
+    got = engine.generate([render(p) for p in PROMPTS], params)
+    assert [r.token_ids for r in got] == [probe.generate([render(p)], params)[0].token_ids for p in PROMPTS]
+
+
+def test_a_budget_below_one_row_is_a_clear_error(demo):
+    model, tokenizer = demo
+    with pytest.raises(AiengError, match="AIENG_KV_CACHE_MB"):
+        Engine(model, tokenizer, config=EngineConfig(compile=False, kv_cache_bytes=1024))
+
+
+@torch.inference_mode()  # the cache holds inference tensors, as the engine writes them
+def test_slots_stay_packed_when_rows_leave_and_join():
+    shape = SlotShape(layers=1, kv_heads=1, head_dim=2, dtype=torch.float32)
+    cache = SlotKVCache(shape, slots=3, capacity=4, device=torch.device("cpu"))
+    for rid in "abc":
+        slot = cache.acquire(rid)
+        cache.keys[0][slot, 0, 0] = ord(rid)
+        cache.lengths[slot] = 1
+        cache.start_decoding([rid][0])
+    with pytest.raises(AiengError, match="slots"):
+        cache.acquire("d")
+    cache.release("a")  # c moves into slot 0 with its keys
+    assert cache.decoding == ["c", "b"] and cache.slot_of == {"c": 0, "b": 1}
+    assert cache.keys[0][0, 0, 0, 0] == ord("c") and cache.lengths[:2] == [1, 1]
+    assert plan_slots(shape, budget_bytes=10**9, capacity=4, max_rows=5) == 5
+
+
+def test_bf16_weights_for_small_steps_stay_close_to_fp32(demo, render):
+    model, tokenizer = demo
+    prompts = [render(p) for p in PROMPTS]
+    params = SamplingParams(max_tokens=16, temperature=0)
+    fp32 = Engine(model, tokenizer, config=EngineConfig(compile=False)).generate(prompts, params)
+    bf16_engine = Engine(model, tokenizer, config=EngineConfig(compile=False, bf16_max_tokens=10**6))
+    assert bf16_engine.runner.net.layers_bf16[0].qkv.dtype == torch.bfloat16
+    bf16 = bf16_engine.generate(prompts, params)
+    assert sum(a.text == b.text for a, b in zip(fp32, bf16)) >= 3  # the demo's answers survive bf16
+
+
+def test_the_format_chooser_measures_and_returns_a_token_count(demo):
+    from aieng.engine.formats import TOKEN_COUNTS, choose_bf16_max_tokens
+
+    model, _ = demo
+    assert choose_bf16_max_tokens(model, repeats=1) in (0, *TOKEN_COUNTS)
