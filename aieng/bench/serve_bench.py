@@ -1,27 +1,26 @@
 """``aieng bench serve``: the server over HTTP at several concurrencies, against itself with
-batching off and (optionally) against ``transformers serve --continuous-batching``.
+batching off and (optionally) against peers: ``transformers serve --continuous-batching``,
+llama.cpp's ``llama-server`` and ``llama_cpp.server`` on a GGUF of the same model
+(:mod:`aieng.bench.peers`).
 
 Every configuration gets the same prompts, the same ``max_tokens`` (EOS ignored so every request
-generates exactly that many tokens), temperature 0, a bounded request count, and an untimed
-warm-up round. Servers run one at a time on loopback, so they never compete for the cores.
+generates exactly that many tokens), temperature 0, streamed (SSE, usage in the last chunk), a
+bounded request count, and an untimed warm-up round. Servers run one at a time on loopback, so they
+never compete for the cores. tok/s is completion tokens per second of wall time at that level.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
-import signal
-import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
-
 from aieng.bench.engine_bench import render_prompts
 from aieng.bench.load import LoadResult, run_load
-from aieng.bench.server_process import ServerProcess, free_port
+from aieng.bench.peers import (PeerSpec, PeerUnavailable, check_available, connection_per_request, peer_body_extra,
+                               peer_server, peer_threads)
+from aieng.bench.server_process import ServerProcess, ServerStartError
 
 
 @dataclass
@@ -29,7 +28,11 @@ class ServeBenchConfig:
     concurrencies: tuple[int, ...] = (1, 8, 32, 64)
     max_tokens: int = 32
     requests_per_level: int = 64  # bounded: at least this many, and at least 2 x concurrency
-    peer: str | None = None  # "transformers"
+    peers: tuple[PeerSpec, ...] = ()  # aieng.bench.peers.parse_peers
+    peer_threads: int = 0  # 0: what one aieng worker's torch gets (aieng.bench.peers.peer_threads)
+    peer_slots: int = 32  # llama-server parallel slots: aieng's max_batch_size
+    gguf_cache: Path | None = None  # where GGUF conversions are kept (default ~/.cache/aieng/gguf)
+    include_aieng: bool = True  # False: measure the peers alone
     include_batching_off: bool = True
     measure_pss: bool = True
     metrics_overhead_rounds: int = 0  # > 0: metrics on vs off at C=32, this many alternating rounds each
@@ -40,22 +43,22 @@ class ServeBenchResult:
     results: dict = field(default_factory=dict)  # config -> {concurrency: LoadResult dict}
     pss: dict | None = None
     metrics_overhead: dict | None = None
-    peer_error: str | None = None
+    peer_errors: dict = field(default_factory=dict)  # peer label -> why it was not measured
+    peer_info: dict = field(default_factory=dict)  # peer label -> command, threads, gguf file
     targets: dict = field(default_factory=dict)
 
 
-def request_bodies(tokenizer, model_name: str, count: int, max_tokens: int, *, peer: bool = False) -> list[dict]:
+def request_bodies(tokenizer, model_name: str, count: int, max_tokens: int, *, peer: bool | str = False) -> list[dict]:
     """The same prompts and lengths for every server; each gets its own way of ignoring EOS.
 
-    aieng takes ``ignore_eos``; transformers serve takes a ``generation_config`` JSON with
-    ``min_new_tokens`` and refuses unknown fields (422), so each body carries only its server's.
+    aieng and llama-server take ``ignore_eos``; transformers serve (``peer=True`` or
+    ``"transformers"``) a ``generation_config`` JSON with ``min_new_tokens``; llama_cpp.server a
+    logit bias against EOS (:func:`aieng.bench.peers.peer_body_extra`). The prompts are rendered
+    through the chat template and sent to ``/v1/completions``, so every server sees the same text,
+    special tokens included.
     """
     prompts = render_prompts(tokenizer, count)
-    if peer:
-        extra = {"generation_config": json.dumps({"max_new_tokens": max_tokens, "min_new_tokens": max_tokens,
-                                                  "do_sample": False})}
-    else:
-        extra = {"ignore_eos": True}
+    extra = peer_body_extra(peer or "aieng", max_tokens, getattr(tokenizer, "eos_token_id", None))
     return [{"model": model_name, "prompt": p, "max_tokens": max_tokens, "temperature": 0, "stream": True,
              "stream_options": {"include_usage": True}, **extra} for p in prompts]
 
@@ -114,48 +117,6 @@ def worker_pss(proc: ServerProcess, expected_workers: int) -> list[int]:
     return [pss_bytes(child.pid) for child in master.children()]
 
 
-class TransformersServe:
-    """``transformers serve <folder> --continuous-batching`` on a free loopback port."""
-
-    def __init__(self, model_dir: Path, ready_timeout: float = 300):
-        self.model_dir = model_dir
-        self.port = free_port()
-        self.ready_timeout = ready_timeout
-        self.process = None
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def __enter__(self):
-        exe = shutil.which("transformers") or str(Path(sys.executable).parent / "transformers")
-        self.log = open(Path("/tmp") / f"transformers-serve-{self.port}.log", "wb")
-        self.process = subprocess.Popen([exe, "serve", str(self.model_dir), "--continuous-batching", "--host",
-                                         "127.0.0.1", "--port", str(self.port), "--device", "cpu"],
-                                        stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + self.ready_timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"transformers serve exited early; see {self.log.name}")
-            try:
-                if httpx.get(f"{self.base_url}/health", timeout=1).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        raise RuntimeError("transformers serve did not become healthy")
-
-    def __exit__(self, *exc):
-        import os
-
-        os.killpg(self.process.pid, signal.SIGTERM)
-        try:
-            self.process.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-        self.log.close()
-
-
 def run_serve_bench(store: Path, model_ref: str, model_dir: Path, tokenizer, config: ServeBenchConfig,
                     progress=None, log=print) -> ServeBenchResult:
     name = model_ref.split("@")[0]
@@ -164,30 +125,59 @@ def run_serve_bench(store: Path, model_ref: str, model_dir: Path, tokenizer, con
     def bodies_for(model_name, peer=False):
         return lambda n: request_bodies(tokenizer, model_name, n, config.max_tokens, peer=peer)
 
-    runs = [("aieng", ["--workers", "1"])]
-    if config.include_batching_off:
+    runs = [("aieng", ["--workers", "1"])] if config.include_aieng else []
+    if config.include_aieng and config.include_batching_off:
         runs.append(("aieng_batching_off", ["--workers", "1", "--max-batch-size", "1"]))
     for label, args in runs:
         log(f"[bench serve] {label}: starting")
         with ServerProcess(store=store, model=model_ref, extra_args=args + ["--max-queue", "1024"]) as proc:
             bench.results[label] = measure_levels(proc.base_url, bodies_for(name), config, progress)
-    if config.peer == "transformers":
-        log("[bench serve] transformers serve --continuous-batching: starting")
-        try:
-            with TransformersServe(model_dir) as peer:
-                bench.results["transformers_cb"] = measure_levels(peer.base_url, bodies_for(str(model_dir), peer=True),
-                                                                  config, progress)
-        except RuntimeError as exc:  # keep what was measured so far; say why the peer is missing
-            bench.peer_error = str(exc)
-            log(f"[bench serve] transformers serve: {exc}")
-    if config.measure_pss:
+    for spec in config.peers:
+        run_peer(bench, spec, model_dir, tokenizer, config, bodies_for, progress, log)
+    if config.measure_pss and config.include_aieng:
         log("[bench serve] PSS of 1 worker vs 2 preloaded workers")
         bench.pss = measure_pss(store, model_ref, bodies_for(name))
-    if config.metrics_overhead_rounds:
+    if config.metrics_overhead_rounds and config.include_aieng:
         log(f"[bench serve] metrics on vs off: {config.metrics_overhead_rounds} alternating rounds at C=32")
         bench.metrics_overhead = measure_metrics_overhead(store, model_ref, bodies_for(name), config, progress)
     bench.targets = evaluate_targets(bench)
     return bench
+
+
+def run_peer(bench: ServeBenchResult, spec: PeerSpec, model_dir: Path, tokenizer, config: ServeBenchConfig,
+             bodies_for, progress, log) -> None:
+    """Measure one peer; a peer that is missing or fails is recorded in ``peer_errors``, not raised."""
+    from aieng.bench.gguf_export import cached_export
+    from aieng.model_facts import context_length
+
+    try:
+        check_available(spec)
+        gguf = None
+        if spec.fmt is not None:
+            cache = config.gguf_cache or Path.home() / ".cache" / "aieng" / "gguf"
+            log(f"[bench serve] {spec.label}: GGUF ({spec.fmt}) in {cache}")
+            gguf = cached_export(model_dir, cache, spec.fmt)
+        threads = peer_threads(config.peer_threads, model_dir)
+        ctx = context_length(_config_dict(model_dir)) or 2048
+        slot_ctx = min(ctx, max(256, config.max_tokens + 192))  # the bench's prompts are < 64 tokens
+        server = peer_server(spec, model_dir=model_dir, gguf=gguf, threads=threads, slots=config.peer_slots,
+                             slot_ctx=slot_ctx)
+        log(f"[bench serve] {spec.label}: starting {server.name} ({threads} threads)")
+        with server, connection_per_request(spec.kind == "llama.cpp"):
+            bench.peer_info[spec.label] = {"command": " ".join(server.command()), "threads": threads,
+                                           "gguf": str(gguf) if gguf else None}
+            bench.results[spec.label] = measure_levels(server.base_url, bodies_for(str(gguf or model_dir), spec.kind),
+                                                       config, progress)
+    except PeerUnavailable as exc:
+        bench.peer_errors[spec.label] = str(exc)
+        log(f"[bench serve] {spec.label} skipped: {exc}")
+    except (RuntimeError, ServerStartError, OSError, ValueError) as exc:  # keep what was measured so far
+        bench.peer_errors[spec.label] = str(exc).splitlines()[0]
+        log(f"[bench serve] {spec.label}: {exc}")
+
+
+def _config_dict(model_dir: Path) -> dict:
+    return json.loads((Path(model_dir) / "config.json").read_text())
 
 
 def process_tree_cpu_s(pid: int) -> float:
@@ -266,6 +256,16 @@ def evaluate_targets(bench: ServeBenchResult) -> dict:
                                                 "p99_aieng_s": on[c]["latency_p99_s"],
                                                 "p99_transformers_s": peer[c]["latency_p99_s"],
                                                 "met": ratio >= 1.5 and p99_ok}
+    for label, levels in r.items():  # the GGUF peers: reported side by side, no target set for them yet
+        if not label.startswith("llama"):
+            continue
+        for c in (1, 32, 64):
+            if c in on and c in levels and levels[c]["ok"] and on[c]["ok"]:
+                targets[f"vs_{label}_c{c}"] = {
+                    "value": round(on[c]["output_tok_per_s"] / levels[c]["output_tok_per_s"], 2),
+                    "target": "aieng/peer tok/s (reported)", "met": None,
+                    "p99_ratio": round(on[c]["latency_p99_s"] / levels[c]["latency_p99_s"], 2),
+                    "p99_aieng_s": on[c]["latency_p99_s"], "p99_peer_s": levels[c]["latency_p99_s"]}
     if bench.metrics_overhead:
         m = bench.metrics_overhead
         targets["metrics_overhead_c32_pct"] = {
@@ -301,5 +301,11 @@ def format_table(bench: ServeBenchResult) -> str:
                      f"({m['latency_overhead_pct']:+.1f}%; paired per round {m['latency_overhead_paired_pct']:+.1f}%), server CPU {m['cpu_ms_per_request_on']:.2f} vs "
                      f"{m['cpu_ms_per_request_off']:.2f} ms/request ({m['cpu_overhead_pct']:+.1f}%)")
     for key, t in bench.targets.items():
-        lines.append(f"target {key}: {t['value']} ({t['target']}) -> {'met' if t['met'] else 'MISSED'}")
+        verdict = "reported" if t["met"] is None else "met" if t["met"] else "MISSED"
+        extra = f", p99 aieng/peer {t['p99_ratio']}" if "p99_ratio" in t else ""
+        lines.append(f"target {key}: {t['value']} ({t['target']}{extra}) -> {verdict}")
+    for label, info in bench.peer_info.items():
+        lines.append(f"peer {label}: {info['command']}")
+    for label, why in bench.peer_errors.items():
+        lines.append(f"peer {label} not measured: {why}")
     return "\n".join(lines)

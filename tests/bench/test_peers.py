@@ -1,0 +1,119 @@
+"""``aieng bench serve --peer ...``: choosing peers, their request bodies, the message when one is
+not installed, and the process handling of a peer server."""
+
+from __future__ import annotations
+
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from aieng.bench import peers
+from aieng.bench.peers import PeerServer, PeerSpec, PeerUnavailable, check_available, parse_peers, peer_body_extra
+from aieng.bench.serve_bench import ServeBenchConfig, ServeBenchResult, evaluate_targets, format_table, run_serve_bench
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_peers_parse_from_repeats_comma_lists_and_formats():
+    assert parse_peers(None) == [] and parse_peers([]) == []
+    assert parse_peers(["transformers"]) == [PeerSpec("transformers")]
+    assert parse_peers(["transformers", "llama.cpp"]) == [PeerSpec("transformers"), PeerSpec("llama.cpp", "f32")]
+    assert parse_peers(["transformers,llama.cpp"], "f32,q8_0") == [
+        PeerSpec("transformers"), PeerSpec("llama.cpp", "f32"), PeerSpec("llama.cpp", "q8_0")]
+    assert parse_peers(["llama.cpp:q8_0", "llama.cpp:q8_0", "llama-cpp-python"]) == [
+        PeerSpec("llama.cpp", "q8_0"), PeerSpec("llama-cpp-python", "f32")]
+    assert [s.label for s in parse_peers(["transformers", "llama.cpp:q8_0"])] == ["transformers_cb", "llama.cpp_q8_0"]
+    for bad, fmt in ((["vllm"], "f32"), (["llama.cpp:q4_0"], "f32"), (["llama.cpp"], "f16"), (["transformers:f32"], "f32")):
+        with pytest.raises(ValueError):
+            parse_peers(bad, fmt)
+
+
+def test_the_cli_takes_peers_and_refuses_unknown_ones(capsys):
+    from aieng.cli.main import build_parser, main
+
+    args = build_parser().parse_args(["bench", "serve", "--peer", "transformers", "--peer", "llama.cpp,llama-cpp-python",
+                                      "--peer-format", "q8_0", "--concurrency", "1,32", "--max-tokens", "64",
+                                      "--no-aieng", "--peer-threads", "2"])
+    assert parse_peers(args.peer, args.peer_format) == [PeerSpec("transformers"), PeerSpec("llama.cpp", "q8_0"),
+                                                        PeerSpec("llama-cpp-python", "q8_0")]
+    assert args.no_aieng and args.peer_threads == 2 and args.max_tokens == 64
+    assert main(["bench", "serve", "--peer", "vllm"]) == 1
+    assert "--peer 'vllm': choose from transformers, llama.cpp, llama-cpp-python" in capsys.readouterr().err
+
+
+def test_each_peer_gets_its_own_way_to_ignore_eos():
+    assert peer_body_extra("aieng", 8, 2) == {"ignore_eos": True}
+    assert peer_body_extra("llama.cpp", 8, 2) == {"ignore_eos": True}
+    assert peer_body_extra("llama-cpp-python", 8, 2) == {"logit_bias": {"2": -1e9}}
+    assert '"min_new_tokens": 8' in peer_body_extra("transformers", 8, 2)["generation_config"]
+    assert peer_body_extra(True, 8, 2) == peer_body_extra("transformers", 8, 2)  # the older peer=True
+
+
+def test_a_missing_peer_says_how_to_install_it(monkeypatch):
+    monkeypatch.setattr(peers, "find_llama_server", lambda: None)
+    with pytest.raises(PeerUnavailable, match=r"python -m aieng.bench.peers build-llama-server"):
+        check_available(PeerSpec("llama.cpp", "f32"))
+    monkeypatch.setattr(peers, "llama_cpp_python_missing", lambda: ["llama_cpp"])
+    with pytest.raises(PeerUnavailable, match=r"pip install 'llama-cpp-python\[server\]==0\.3\.36'"):
+        check_available(PeerSpec("llama-cpp-python", "f32"))
+
+
+def test_the_bench_goes_on_without_a_missing_peer(monkeypatch, tmp_path):
+    monkeypatch.setattr(peers, "find_llama_server", lambda: None)
+    monkeypatch.setattr(peers, "llama_cpp_python_missing", lambda: ["llama_cpp"])
+    config = ServeBenchConfig(peers=(PeerSpec("llama.cpp", "f32"), PeerSpec("llama-cpp-python", "q8_0")),
+                              include_aieng=False, measure_pss=False, gguf_cache=tmp_path)
+    logged = []
+    bench = run_serve_bench(tmp_path, "demo@1", tmp_path, None, config, log=logged.append)
+    assert bench.results == {} and set(bench.peer_errors) == {"llama.cpp_f32", "llama-cpp-python_q8_0"}
+    assert "pip install 'llama-cpp-python[server]==0.3.36'" in bench.peer_errors["llama-cpp-python_q8_0"]
+    assert any("skipped" in line for line in logged)
+    assert "peer llama.cpp_f32 not measured: llama.cpp: no llama-server binary" in format_table(bench)
+
+
+def test_peer_ratios_are_reported_beside_aieng():
+    def level(tok_s, p99):
+        return {"ok": 8, "req_per_s": tok_s / 64, "output_tok_per_s": tok_s, "latency_p50_s": p99 / 2,
+                "latency_p99_s": p99, "ttft_p50_s": 0.1, "ttft_p99_s": 0.2, "mean_completion_tokens": 64.0, "errors": 0}
+
+    bench = ServeBenchResult(results={"aieng": {1: level(40, 2.0), 32: level(300, 8.0)},
+                                      "llama.cpp_q8_0": {1: level(80, 1.0), 32: level(120, 20.0)}})
+    targets = bench.targets = evaluate_targets(bench)
+    assert targets["vs_llama.cpp_q8_0_c32"]["value"] == 2.5 and targets["vs_llama.cpp_q8_0_c32"]["p99_ratio"] == 0.4
+    assert targets["vs_llama.cpp_q8_0_c1"]["value"] == 0.5 and targets["vs_llama.cpp_q8_0_c1"]["met"] is None
+    assert "target vs_llama.cpp_q8_0_c32: 2.5 (aieng/peer tok/s (reported), p99 aieng/peer 0.4) -> reported" \
+        in format_table(bench)
+
+
+def test_a_peer_server_gets_a_free_port_and_stops(tmp_path):
+    (tmp_path / "health").write_text("ok")  # http.server answers GET /health with this file: "ready"
+    server = PeerServer(name="fake peer", argv=[sys.executable, "-m", "http.server", "{port}", "--bind", "127.0.0.1",
+                                                "--directory", str(tmp_path)], ready_timeout=30)
+    with server:
+        assert server.port and server.process.poll() is None
+        assert str(server.port) in server.command()
+    assert server.process.poll() is not None
+    failing = PeerServer(name="broken peer", argv=[sys.executable, "-c", "raise SystemExit(3)"], ready_timeout=30)
+    with pytest.raises(RuntimeError, match="broken peer exited with status 3"):
+        failing.start()
+
+
+def test_peer_pins_match_the_packaging():
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert project["optional-dependencies"]["peers"] == [peers.LLAMA_CPP_PYTHON]
+    gguf_pin = [d for d in project["dependencies"] if d.startswith("gguf")]
+    assert gguf_pin and gguf_pin[0] in (REPO / "requirements.lock").read_text().splitlines()
+    assert not any(line.startswith("llama-cpp-python") for line in (REPO / "requirements.lock").read_text().splitlines())
+
+
+def test_connection_per_request_swaps_the_load_clients_connector_only_inside():
+    import aiohttp
+
+    original = aiohttp.TCPConnector
+    with peers.connection_per_request():
+        assert aiohttp.TCPConnector.keywords == {"force_close": True}
+    assert aiohttp.TCPConnector is original
+    with peers.connection_per_request(False):
+        assert aiohttp.TCPConnector is original
