@@ -26,21 +26,40 @@ def add_parser(sub) -> None:
                    help="torch.compile the aieng forward (prefill and decode), as `aieng serve` does by default (on); the eager "
                         "loop is measured too, in the same run, and reported as eager_*")
     p.add_argument("--int8", action="store_true", help="dynamic int8 quantization of Linear layers (CPU)")
+    p.add_argument("--weight-formats", choices=list(FORMATS), default="auto",
+                   help="as AIENG_WEIGHT_FORMATS for `aieng serve`: auto measures up to which step size bf16 weights "
+                        "beat fp32 on this CPU (default auto, what the server runs)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(handler=_engine)
 
     p = kinds.add_parser("serve", parents=[STORE],
                          help="req/s, tok/s, p50/p99 latency and TTFT over HTTP at C = 1, 8, 32, 64 concurrent clients",
-                         description="Starts the packaged server (batching on, then off with max_batch_size=1) and, "
-                                     "with --peer transformers, `transformers serve <folder> --continuous-batching`, "
-                                     "one at a time on loopback; drives each with C concurrent streaming clients "
-                                     "(same prompts, same max_tokens with EOS ignored, temperature 0, bounded request "
-                                     "count, an untimed warm-up round). Also measures PSS of 2 preloaded workers "
-                                     "against 1. Targets: batching on >= 6x off at C=32; >= 1.5x transformers at "
-                                     "C=32 and 64 with p99 no worse; TTFT p99 at C=32 <= 1 s; PSS of the service (master + "
-                                     "workers) with 2 workers <= 1.3 x with 1.")
+                         description="Starts the packaged server (batching on, then off with max_batch_size=1) and "
+                                     "each --peer, one at a time on loopback; drives each with C concurrent streaming "
+                                     "clients (same prompts through the chat template to /v1/completions, same "
+                                     "max_tokens with EOS ignored, temperature 0, bounded request count, an untimed "
+                                     "warm-up round); tok/s counts completion tokens. Also measures PSS of 2 preloaded "
+                                     "workers against 1. Targets: batching on >= 6x off at C=32; >= 1.5x transformers "
+                                     "at C=32 and 64 with p99 no worse; TTFT p99 at C=32 <= 1 s; PSS of the service "
+                                     "(master + workers) with 2 workers <= 1.3 x with 1. Peers: transformers = "
+                                     "`transformers serve <folder> --continuous-batching`; llama.cpp = llama.cpp's "
+                                     "`llama-server` (--parallel slots, continuous batching) on a GGUF of the model, "
+                                     "converted once per model hash and --peer-format; llama-cpp-python = "
+                                     "`python -m llama_cpp.server` on the same GGUF (one request at a time). A peer "
+                                     "that is not installed is skipped with the command that installs it. Issue #10's "
+                                     "comparison: --peer llama.cpp --peer-format f32,q8_0 --concurrency 1,32 "
+                                     "--max-tokens 64.")
     p.add_argument("--model", default=None, metavar="N[@V]", help="store reference (default: $AIENG_MODEL)")
-    p.add_argument("--peer", choices=["transformers"], default=None)
+    p.add_argument("--peer", action="append", default=None, metavar="NAME[,NAME]",
+                   help="a server to measure beside aieng, repeatable or comma-separated: transformers, llama.cpp, "
+                        "llama-cpp-python; a GGUF peer may name its format: llama.cpp:q8_0")
+    p.add_argument("--peer-format", default="f32", metavar="FMT[,FMT]",
+                   help="GGUF weights for the llama.cpp peers: f32 (exact), q8_0, or both comma-separated (default f32)")
+    p.add_argument("--peer-threads", type=int, default=0, metavar="N",
+                   help="compute threads of the llama.cpp peers (default: the torch threads one aieng worker gets here)")
+    p.add_argument("--gguf-cache", type=Path, default=None, metavar="DIR",
+                   help="where GGUF conversions are kept, by model hash (default ~/.cache/aieng/gguf)")
+    p.add_argument("--no-aieng", action="store_true", help="measure the peers alone (no aieng server, no PSS)")
     p.add_argument("--concurrency", default="1,8,32,64", help="comma-separated client counts")
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--requests", type=int, default=64, help="requests per level (at least 2 x C)")
@@ -53,6 +72,57 @@ def add_parser(sub) -> None:
                    help="write the C=32 numbers into the model version's manifest as performance_baseline")
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=_serve)
+
+    p = kinds.add_parser("context", parents=[STORE],
+                         help="long context: decode step at KV 64 vs 1,256, and streams' inter-token p99 while a "
+                              "1,000-token prompt joins (chunked prefill)",
+                         description="On the engine alone (no HTTP), median over --repeats, runs alternated: the "
+                                     "decode step of --batch rows at KV length 64 and at 1,256 (target ratio <= 1.3), "
+                                     "then --streams rows decoding while a --join-tokens prompt joins (target: their "
+                                     "inter-token p99 <= 2 x the median step). Also the plain batched forward's "
+                                     "decode rate at batch 32 (transformers' forward alone) as the hardware reference.")
+    p.add_argument("--model", default=None, metavar="PATH|N[@V]", help="a model folder or a store reference")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--streams", type=int, default=16)
+    p.add_argument("--join-tokens", type=int, default=1000)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--weight-formats", choices=list(FORMATS), default="auto")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=_context)
+
+
+FORMATS = {"auto": -1, "float32": 0, "bfloat16": 1 << 30}  # as the runtime maps AIENG_WEIGHT_FORMATS
+
+
+def _context(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from aieng.bench.context_bench import run_context_bench
+    from aieng.bench.plain_forward import plain_decode_tokens_per_s
+    from aieng.engine.engine import Engine, EngineConfig
+
+    loaded, label = load_for_bench(args)
+    config = EngineConfig(compile=args.compile, bf16_max_tokens=FORMATS[args.weight_formats],
+                          max_rows=max(32, args.streams + 1, args.batch))
+    engine = Engine(loaded.model, loaded.tokenizer, context_length=loaded.context_length, config=config)
+    with tqdm(desc="bench context", unit="step", disable=args.json) as bar:
+        engine.warmup(progress=lambda detail: bar.set_postfix_str(detail[:60]))
+        result = run_context_bench(engine, batch=args.batch, repeats=args.repeats, streams=args.streams,
+                                   join_tokens=args.join_tokens, progress=bar.update).to_dict()
+        result["plain_forward_b32_tok_s"] = round(plain_decode_tokens_per_s(loaded.model, batch=32), 1)
+    if args.json:
+        print_json(result)
+        return 0
+    print(f"model {label}, batch {result['batch']}, prefill chunk {result['chunk_tokens']} tokens")
+    print(f"  decode step at KV {result['short_kv']:5}   {result['short_step_ms']:8.2f} ms")
+    print(f"  decode step at KV {result['long_kv']:5}   {result['long_step_ms']:8.2f} ms   ratio {result['step_ratio']:.2f} "
+          f"(target <= 1.3)")
+    print(f"  {result['streams']} streams, a {result['join_tokens']}-token prompt joins: median step "
+          f"{result['median_step_ms']:.1f} ms, inter-token p99 {result['itl_p99_ms']:.1f} ms = "
+          f"{result['itl_p99_over_median']:.2f} x (target <= 2)")
+    print(f"  plain batched forward, batch 32: {result['plain_forward_b32_tok_s']:.1f} tok/s (the hardware reference)")
+    return 0
 
 
 def load_for_bench(args):
@@ -77,7 +147,9 @@ def _engine(args: argparse.Namespace) -> int:
     loaded, label = load_for_bench(args)
     with tqdm(total=7 if args.compile else 5, desc="bench engine", unit="method", disable=args.json) as bar:
         result = run_engine_bench(loaded.model, loaded.tokenizer, new_tokens=args.new_tokens, repeats=args.repeats,
-                                  label=label, engine_config=EngineConfig(compile=args.compile, quantize_int8=args.int8),
+                                  label=label, engine_config=EngineConfig(
+                                      compile=args.compile, quantize_int8=args.int8,
+                                      bf16_max_tokens=FORMATS[args.weight_formats]),
                                   progress=bar)
     data = result.to_dict()
     if args.json:
@@ -104,10 +176,17 @@ def _serve(args: argparse.Namespace) -> int:
     from transformers import AutoTokenizer
     from tqdm import tqdm
 
+    from aieng.bench.peers import parse_peers
     from aieng.bench.serve_bench import ServeBenchConfig, format_table, run_serve_bench
+    from aieng.errors import ConfigError
     from aieng.store import ModelRef, ModelStore, parse_ref
 
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per request would bury the table
+    logging.getLogger("gguf").setLevel(logging.WARNING)  # the GGUF writer's per-file INFO lines, likewise
+    try:
+        peers = parse_peers(args.peer, args.peer_format)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     settings = settings_from(args)
     store = ModelStore(settings.store)
     ref = parse_ref(args.model or settings.model)
@@ -117,9 +196,11 @@ def _serve(args: argparse.Namespace) -> int:
     tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
     levels = tuple(int(c) for c in args.concurrency.split(","))
     config = ServeBenchConfig(concurrencies=levels, max_tokens=args.max_tokens, requests_per_level=args.requests,
-                              peer=args.peer, include_batching_off=not args.no_batching_off, measure_pss=not args.no_pss,
-                              metrics_overhead_rounds=args.metrics_overhead)
-    configs = 1 + (not args.no_batching_off) + (args.peer is not None)
+                              peers=tuple(peers), include_batching_off=not args.no_batching_off,
+                              measure_pss=not args.no_pss, metrics_overhead_rounds=args.metrics_overhead,
+                              peer_threads=args.peer_threads, gguf_cache=args.gguf_cache,
+                              peer_slots=settings.max_batch_size, include_aieng=not args.no_aieng)
+    configs = (0 if args.no_aieng else 1 + (not args.no_batching_off)) + len(peers)
     total = configs * sum(max(args.requests, 2 * c) for c in levels) \
         + 2 * args.metrics_overhead * max(args.requests, 64)
     with tqdm(total=total, desc="bench serve", unit="req", disable=args.json, file=sys.stderr) as bar:
@@ -134,7 +215,7 @@ def _serve(args: argparse.Namespace) -> int:
             "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds")})
     if args.json:
         print_json({"results": bench.results, "pss": bench.pss, "metrics_overhead": bench.metrics_overhead,
-                    "peer_error": bench.peer_error, "targets": bench.targets})
+                    "peer_errors": bench.peer_errors, "peer_info": bench.peer_info, "targets": bench.targets})
     else:
         print(format_table(bench))
     return 0
