@@ -39,14 +39,29 @@ class Settings:
     max_body_bytes: int = _setting(1_000_000, "request body limit; 413 beyond")
     log_level: str = _setting("info", "debug | info | warning | error; logs are JSON lines on stderr")
     max_batch_size: int = _setting(32, "rows decoded together; 1 turns batching off")
-    max_batch_tokens: int = _setting(4096, "padded prompt tokens prefilled in one step")
+    max_batch_tokens: int = _setting(4096, "padded prompt tokens admitted for prefill in one step")
+    prefill_chunk_tokens: int = _setting(256, "prompt tokens prefilled per engine step: a longer prompt joins over "
+                                              "several steps while running streams keep decoding (native forward)")
+    kv_cache_mb: int = _setting(0, "static KV cache budget in MiB (native forward); 0 = max_batch_size rows of the "
+                                   "full context. Fewer rows fit: the batch size is lowered to match, and logged")
+    weight_formats: str = _setting("auto", "auto | float32 | bfloat16: auto measures at start-up up to which step "
+                                           "size bf16 weights beat fp32 on this CPU and keeps both copies")
+    native: bool = _setting(True, "the native forward for Llama-family models (static KV cache, chunked prefill, "
+                                  "a compiled decoder layer); 0 = transformers' forward for every model")
     max_queue: int = _setting(256, "waiting requests before 429 with Retry-After")
     max_queue_delay_ms: float = _setting(10.0, "an idle engine waits this long to prefill a burst together")
     request_timeout_s: float = _setting(300.0, "deadline of requests without a `timeout` field (504 after it)")
     graceful_timeout_s: int = _setting(30, "after SIGTERM, in-flight requests get this long to finish")
     drain_delay_s: float = _setting(1.0, "after SIGTERM, /health/ready is 503 this long before the listener closes")
-    compile: bool = _setting(True, "torch.compile prefill and decode during warm-up (0 = eager, fast start); "
+    compile: bool = _setting(True, "torch.compile the decoder layer (other models: the whole forward) at warm-up "
+                                   "(0 = eager, fast start); "
                                    "`aieng bench engine` measures the gain, notebook 03 the cost")
+    compile_budget_s: float = _setting(60.0, "warm-up waits at most this long for compilation, then the server is "
+                                             "ready and serves eagerly until the compiled graphs are built")
+    compile_cache_dir: Path = _setting(lambda: Path("var/compile-cache"),
+                                       "torch.compile's on-disk caches (inductor, FX graph, AOTAutograd), kept "
+                                       "across restarts so a restart reuses the compiled kernels; "
+                                       "TORCHINDUCTOR_CACHE_DIR, when set, wins", shown="./var/compile-cache")
     int8: bool = _setting(False, "int8 dynamic quantization of Linear layers, CPU only; "
                                  "`aieng bench engine --int8` and `aieng eval N --int8` measure it")
     metrics: bool = _setting(True, "record Prometheus metrics at /metrics (0 only to measure their cost)")

@@ -15,7 +15,7 @@ import uuid
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from aieng.errors import InvalidRequestError, ModelNotFoundError, NotReadyError
+from aieng.errors import InvalidRequestError, ModelNotFoundError
 from aieng.observability.metrics import update_resource_gauges
 from aieng.observability.prom import metrics_text
 from aieng.server.http.disconnect import unless_disconnected
@@ -45,15 +45,13 @@ def create_app(runtime, *, max_body_bytes: int = 1_000_000, start_runtime: bool 
 
     @app.get("/health/live")
     async def live():
-        return {"status": "alive"}
+        return {"status": "alive"}  # the process answers; never depends on the model
 
     @app.get("/health/ready")
     async def ready():
-        try:
-            runtime.require_ready()
-        except NotReadyError as exc:
-            return JSONResponse(exc.envelope(), status_code=503)
-        return {"status": "ready", "model": runtime.model_name, "version": runtime.model_version}
+        # 503 while starting: the not_ready envelope plus the start-up phase, its detail and seconds
+        status, body = runtime.readiness()
+        return JSONResponse(body, status_code=status)
 
     @app.get("/v1/models")
     async def models() -> ModelList:

@@ -8,6 +8,10 @@ Split in two phases because of the process model:
   nothing is loaded here: a CUDA context must never be created before fork.
 - ``start()`` runs in each worker (the app's lifespan): torch threads for this worker, the
   engine, its thread, and warm-up in the background; ``/health/ready`` turns 200 when warm.
+
+Both go through the named phases of ``startup.StartupProgress`` (``verify``, ``load``,
+``warmup``, ``engine``, ``ready``): logged as they start and end, a heartbeat while they run, and
+shown by ``/health/ready``'s 503 body.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import gc
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -31,8 +35,10 @@ from aieng.scheduler import EngineLoop, SchedulerConfig
 from aieng.observability.observer import MetricsObserver
 from aieng.server.http.bridge import Bridge
 from aieng.server.http.inputs import RequestBuilder
+from aieng.server.process.compile_cache import compile_cache_counts, compile_cache_delta
+from aieng.server.process.startup import FAILED, PhasedStore, StartupProgress
 from aieng.settings import Settings
-from aieng.store import ModelStore, parse_ref
+from aieng.store import parse_ref
 
 log = logging.getLogger("aieng.server")
 
@@ -48,7 +54,16 @@ class RuntimeConfig:
     @classmethod
     def from_settings(cls, settings: Settings) -> "RuntimeConfig":
         """The one place where ``Settings`` (environment and flags) become component configs."""
-        engine = EngineConfig(compile=settings.compile, quantize_int8=settings.int8)
+        formats = {"auto": -1, "float32": 0, "bfloat16": 1 << 30}
+        if settings.weight_formats not in formats:
+            from aieng.errors import ConfigError
+
+            raise ConfigError(f"AIENG_WEIGHT_FORMATS={settings.weight_formats!r}: use auto, float32 or bfloat16")
+        engine = EngineConfig(compile=settings.compile, quantize_int8=settings.int8, native=settings.native,
+                              max_rows=settings.max_batch_size, kv_cache_bytes=settings.kv_cache_mb * 2**20,
+                              prefill_chunk_tokens=settings.prefill_chunk_tokens,
+                              bf16_max_tokens=formats[settings.weight_formats],
+                              compile_budget_s=settings.compile_budget_s)
         scheduler = SchedulerConfig(max_batch_size=settings.max_batch_size, max_batch_tokens=settings.max_batch_tokens,
                                     max_queue=settings.max_queue, max_queue_delay_ms=settings.max_queue_delay_ms,
                                     default_timeout_s=settings.request_timeout_s)
@@ -56,7 +71,7 @@ class RuntimeConfig:
 
 
 class Runtime:
-    def __init__(self, config: RuntimeConfig):
+    def __init__(self, config: RuntimeConfig, progress: StartupProgress | None = None):
         self.config = config
         self.settings = config.settings
         self.ref = parse_ref(self.settings.model)
@@ -71,19 +86,25 @@ class Runtime:
         self.warmup_seconds: float | None = None
         self.model_name = self.ref.name
         self.model_version: str | None = None
+        self.progress = progress or StartupProgress()  # the phase a starting process is in; /health/ready shows it
 
     # -- master --------------------------------------------------------------------------------
     def prepare(self) -> None:
         """Verify (always) and, on CPU, load before fork. Raises AiengError when it must not serve."""
-        store = ModelStore(self.settings.store)
-        version = store.resolve(self.ref)
-        self.model_version = version
         load_config = LoadConfig.from_settings(self.settings)
-        if wants_cuda(load_config.device):
-            store.verify_or_raise(type(self.ref)(self.ref.name, version))  # load happens in the worker
-            return
-        with _one_torch_thread():
-            self.loaded = load_version(store, type(self.ref)(self.ref.name, version), load_config)
+        on_cuda = wants_cuda(load_config.device)
+        store = PhasedStore(self.settings.store, self.progress, load_next=not on_cuda)
+        try:
+            version = store.resolve(self.ref)
+            self.model_version = version
+            if on_cuda:
+                store.verify_or_raise(type(self.ref)(self.ref.name, version))  # load happens in the worker
+                return
+            with _one_torch_thread():
+                self.loaded = load_version(store, type(self.ref)(self.ref.name, version), load_config)
+        except BaseException as exc:
+            self.progress.fail(exc)
+            raise
         gc.collect()
         gc.freeze()
 
@@ -103,7 +124,10 @@ class Runtime:
             return None
         with _one_torch_thread():
             self.engine = self._build_engine()
-            seconds = self.engine.warmup()
+            seconds = self._warmup("in the master, before fork")
+            if self.engine.compile_status == "compiling":  # a thread does not survive fork: finish here
+                self.progress.detail("finishing compilation before fork (a background thread would not survive it)")
+                self.engine.wait_for_compile()
         if self.engine.compiled:
             from torch._inductor.async_compile import shutdown_compile_workers
 
@@ -114,15 +138,33 @@ class Runtime:
 
     # -- worker --------------------------------------------------------------------------------
     def start(self, *, background_warmup: bool = True) -> None:
+        try:
+            self._start_engine()
+        except BaseException as exc:
+            self.progress.fail(exc)
+            raise
+        if background_warmup:
+            threading.Thread(target=self._warm_in_background, name="aieng-warmup", daemon=True).start()
+        else:
+            self._warm_then_serve()
+
+    def _start_engine(self) -> None:
         if self.config.torch_threads:
             torch.set_num_threads(self.config.torch_threads)
         if self.loaded is None:
-            store = ModelStore(self.settings.store)
+            store = PhasedStore(self.settings.store, self.progress, load_next=True)
             self.loaded = load_version(store, self.ref, LoadConfig.from_settings(self.settings))
         self.model_version = self.loaded.version
+        self.progress.begin("engine", f"building the engine and its scheduler, {torch.get_num_threads()} torch thread(s)")
         if self.engine is None:  # not built before fork (CUDA, several torch threads, or in-process use)
             self.engine = self._build_engine()
         observers = [MetricsObserver()] if self.settings.metrics else []
+        if self.engine.max_rows < self.config.scheduler.max_batch_size:  # the KV budget holds fewer rows
+            log.warning("the KV cache budget holds %d rows of %d tokens: max_batch_size lowered from %d to %d "
+                        "(raise AIENG_KV_CACHE_MB, or lower AIENG_MAX_BATCH_SIZE to silence this)",
+                        self.engine.max_rows, self.engine.context_length, self.config.scheduler.max_batch_size,
+                        self.engine.max_rows, extra={"event": "kv_budget_rows"})
+            self.config.scheduler = replace(self.config.scheduler, max_batch_size=self.engine.max_rows)
         self.engine_loop = EngineLoop(self.engine, self.config.scheduler, observers=observers)
         self.bridge = Bridge(self.engine_loop.scheduler, metrics_enabled=self.settings.metrics)
         self.inputs = RequestBuilder(self.engine)
@@ -132,26 +174,68 @@ class Runtime:
             metrics.REQUEST_ERRORS.labels(code=code)  # zeros from the start, so rate() and alerts work
         baseline = (self.loaded.manifest.performance_baseline or {}) if self.loaded.manifest else {}
         metrics.TOKENS_PER_SECOND_BASELINE.set(float(baseline.get("tokens_per_s") or 0.0))
-        if background_warmup:
-            threading.Thread(target=self._warm_then_serve, name="aieng-warmup", daemon=True).start()
-        else:
-            self._warm_then_serve()
 
     def _build_engine(self) -> Engine:
         return Engine(self.loaded.model, self.loaded.tokenizer, context_length=self.loaded.context_length,
                       config=self.config.engine)
 
+    def _warm_in_background(self) -> None:
+        with contextlib.suppress(Exception):  # already logged as startup_failed; /health/ready says so
+            self._warm_then_serve()
+
     def _warm_then_serve(self) -> None:
-        self.warmup_seconds = self.engine.warmup()
-        log.info("warm-up took %.2fs; ready", self.warmup_seconds)
-        self.engine_loop.start()
+        try:
+            self.warmup_seconds = self._warmup("in the worker")
+            self.engine_loop.start()
+        except BaseException as exc:  # logged with its traceback; /health/ready answers 503 "failed"
+            self.progress.fail(exc)
+            raise
         self.ready = True
+        self.progress.finish(warmup_s=round(self.warmup_seconds, 2))
+        if self.engine.compile_status == "compiling":  # past its compile budget: serving eagerly meanwhile
+            self.progress.begin("compile", "in the background; serving eagerly until the graphs are ready")
+            threading.Thread(target=self._watch_compile, name="aieng-compile-watch", daemon=True).start()
+
+    def _watch_compile(self) -> None:
+        while self.engine.compile_status == "compiling":
+            time.sleep(0.5)
+        self.progress.finish(compile_status=self.engine.compile_status)
+
+    def _warmup(self, where: str) -> float:
+        """``Engine.warmup`` as the ``warmup`` phase: each shape it runs becomes the phase's detail."""
+        mode = "compile on" if self.engine.config.compile else "compile off (eager)"
+        before = compile_cache_counts()
+        self.progress.begin("warmup", f"{mode}, {where}")
+        seconds = self.engine.warmup(progress=self.progress.detail)
+        cache = compile_cache_delta(before)
+        self.progress.detail(f"done in {seconds:.1f}s" + (f"; compile cache {cache}" if cache else ""),
+                             compile_cache=cache)
+        return seconds
 
     def require_ready(self) -> None:
         if self.draining:
             raise NotReadyError("the server is draining; retry on another instance")
+        if not self.ready and self.progress.phase == FAILED:
+            raise NotReadyError("this worker failed to start (its log says why); retry on another instance")
         if not self.ready:
             raise NotReadyError("the model is loading or warming up; retry when /health/ready returns 200")
+
+    def readiness(self) -> tuple[int, dict]:
+        """/health/ready's status code and body: 503 with the error envelope, ``status``
+        (``starting``, ``failed``, ``draining``) and, while starting, the phase, its detail and
+        seconds in it; 200 with the model, plus the phase when the engine runs one while serving."""
+        try:
+            self.require_ready()
+        except NotReadyError as exc:
+            if self.draining:
+                return 503, {**exc.envelope(), "status": "draining"}
+            snapshot = self.progress.snapshot()
+            return 503, {**exc.envelope(), "status": "failed" if snapshot["phase"] == FAILED else "starting",
+                         **snapshot}
+        body = {"status": "ready", "model": self.model_name, "version": self.model_version}
+        if self.progress.running:  # a phase the engine runs while serving (a background compile)
+            body.update(self.progress.snapshot())
+        return 200, body
 
     async def wait_ready(self, timeout_s: float = 30.0) -> None:
         """For generation routes: a request that reaches a worker still warming up waits for it
@@ -160,7 +244,7 @@ class Runtime:
         import asyncio
 
         deadline = time.monotonic() + timeout_s
-        while not self.ready and not self.draining and time.monotonic() < deadline:
+        while not self.ready and not self.draining and self.progress.phase != FAILED and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         self.require_ready()
 

@@ -2,6 +2,11 @@
 
 A version that fails verification never answers a request: ``prepare()`` raises before gunicorn
 starts, the CLI prints the reason on one line and exits 1, which is what a supervisor needs.
+
+The master's start-up phases (``verify``, ``load``, ``warmup`` when it warms before fork, then
+``workers``) are logged by the runtime's ``StartupProgress``; its heartbeat thread is stopped
+before gunicorn forks (no thread may hold a lock across fork), and each worker's phases go on in
+the worker.
 """
 
 from __future__ import annotations
@@ -10,8 +15,11 @@ import logging
 
 from gunicorn.app.base import BaseApplication
 
+from aieng.observability.logs import log_event
 from aieng.server.http.app import create_app
+from aieng.server.process.compile_cache import use_compile_cache
 from aieng.server.process.runtime import Runtime, RuntimeConfig
+from aieng.server.process.startup import StartupProgress
 from aieng.server.process.worker_plan import plan_for_model
 from aieng.settings import Settings
 
@@ -35,17 +43,20 @@ class GunicornApplication(BaseApplication):
         return self.application
 
 
-def serve(settings: Settings) -> None:
-    runtime = Runtime(RuntimeConfig.from_settings(settings))
+def serve(settings: Settings, progress: StartupProgress | None = None) -> None:
+    """``progress``: the CLI's, already running since before the heavy imports."""
+    if settings.compile:  # before anything compiles; workers and compile subprocesses inherit it
+        log_event(log, "compile_cache", **use_compile_cache(settings.compile_cache_dir))
+    runtime = Runtime(RuntimeConfig.from_settings(settings), progress=progress)
     runtime.prepare()  # raises AiengError (verification, memory budget, remote code) before any fork
     plan = plan_for_model(settings, runtime.loaded)
     runtime.config.torch_threads = plan.torch_threads
-    warmed = runtime.warm_before_fork()
-    if warmed is not None:
-        log.info("engine warmed up before fork in %.1fs%s; workers share it", warmed,
-                 " (torch.compile included)" if runtime.engine.compiled else "")
+    log_event(log, "worker_plan", workers=plan.workers, torch_threads=plan.torch_threads, reason=plan.reason)
+    runtime.warm_before_fork()
+    runtime.progress.begin("workers", f"{plan.workers} worker(s) x {plan.torch_threads} torch thread(s)")
     log.info("serving %s@%s on http://%s:%d with %d worker(s) x %d torch thread(s): %s", runtime.model_name,
              runtime.model_version, settings.host, settings.port, plan.workers, plan.torch_threads, plan.reason)
+    runtime.progress.stop_heartbeat()  # no thread may hold a lock across fork; each worker starts its own
     app = create_app(runtime, max_body_bytes=settings.max_body_bytes)
     options = {"bind": f"{settings.host}:{settings.port}", "workers": plan.workers,
                "graceful_timeout": settings.graceful_timeout_s, "loglevel": settings.log_level}

@@ -4,12 +4,20 @@ The rules (why each one):
 - CUDA: one worker per GPU by default. Each process holds its own CUDA context and weights
   copy in GPU memory; batching inside one process uses the GPU far better than several
   processes contending for it.
-- CPU: workers × torch threads ≤ cores, and each worker leaves one of its cores to its own
-  Python: the event loop streaming tokens and the engine thread's bookkeeping. Oversubscribed
-  threads spin and context-switch, and every process's matmuls get slower; OpenMP threads that
-  spin-wait on the core the event loop needs starve it (to compare on a host, run
-  ``AIENG_TORCH_THREADS=N aieng bench serve`` for each N: the servers it starts inherit it).
-  The engine batches inside a worker, so a few wide workers beat many narrow ones.
+- CPU: workers × torch threads ≤ cores: oversubscribed threads spin and context-switch, and
+  every process's matmuls get slower. The engine batches inside a worker, so a few wide workers
+  beat many narrow ones.
+- CPU threads per worker depend on what dominates a worker's time per token (``cpu_threads``):
+  every token costs a fixed slice of Python outside the step (the event loop streaming it, the
+  scheduler, the bridge) and a slice of compute that grows with the weight bytes a decode step
+  reads. A small model's tokens are mostly that Python: a second torch thread saves less than the
+  event loop loses when OpenMP threads spin on its core, so the worker keeps a core for it
+  (share - 1). From ``COMPUTE_BOUND_WEIGHT_BYTES`` of weights up, matrix multiplies dominate and
+  an idle core costs more than it saves: the worker gets its whole share. The measurements are
+  in ``cpu_threads``. The rule assumes the cores are the server's: on a host shared with other
+  CPU work a second thread waits for a busy core at every OpenMP barrier, and one thread per
+  worker can win even on a large model (set ``AIENG_TORCH_THREADS``). To compare on a host:
+  ``AIENG_TORCH_THREADS=N aieng bench serve`` for each N; the servers it starts inherit it.
 - Memory: each worker's private memory (activations, KV cache, interpreter) must fit beside
   the weights. With ``preload`` the weights are shared copy-on-write, so they count once.
 """
@@ -22,6 +30,11 @@ from dataclasses import dataclass, replace
 from aieng.errors import ConfigError
 
 PER_WORKER_OVERHEAD = 384 * 2**20  # interpreter, tokenizer, HTTP stack, allocator slack
+
+# A model with this many bytes of weights (read once per decode step) gets every core of its
+# share; a smaller one leaves one to its event loop. Measured: see cpu_threads. (16M float32
+# parameters; the demo has 3 MiB, the smollm2-135m shape 406 MiB.)
+COMPUTE_BOUND_WEIGHT_BYTES = 64 * 2**20
 
 
 @dataclass(frozen=True)
@@ -40,8 +53,10 @@ def plan_workers(*, cores: int, available_bytes: int, weight_bytes: int, per_wor
         workers = int(requested)
         if workers < 1:
             raise ValueError(f"workers must be >= 1 or 'auto', got {requested}")
-        return WorkerPlan(workers, _cpu_threads(cores, workers) if device == "cpu" else max(1, cores // workers),
-                          f"{workers} requested; {cores} cores split between them")
+        if device != "cpu":
+            return WorkerPlan(workers, max(1, cores // workers), f"{workers} requested; {cores} cores split between them")
+        threads, why = cpu_threads(cores, workers, weight_bytes)
+        return WorkerPlan(workers, threads, f"{workers} requested; {cores} cores split between them; {why}")
     if device == "cuda":
         workers = max(1, gpus) if gpus > 1 else 1
         return WorkerPlan(workers, max(1, cores // workers), "CUDA: one worker per GPU (each needs its own context)")
@@ -52,15 +67,47 @@ def plan_workers(*, cores: int, available_bytes: int, weight_bytes: int, per_wor
     by_cores = max(1, cores // 2) if cores >= 2 else 1
     workers = int(min(by_memory, by_cores))
     limit = "memory" if by_memory < by_cores else "cores"
-    return WorkerPlan(workers, _cpu_threads(cores, workers),
-                      f"min(cores/2 = {by_cores}, memory fit = {by_memory}) -> {workers} (limited by {limit}); "
-                      f"torch threads = cores/workers - 1 (one core per worker for its event loop)")
+    threads, why = cpu_threads(cores, workers, weight_bytes)
+    return WorkerPlan(workers, threads,
+                      f"min(cores/2 = {by_cores}, memory fit = {by_memory}) -> {workers} (limited by {limit}); {why}")
 
 
-def _cpu_threads(cores: int, workers: int) -> int:
-    """cores // workers, less the one core each worker's Python needs (at least 1)."""
+def cpu_threads(cores: int, workers: int, weight_bytes: int) -> tuple[int, str]:
+    """Torch threads for each of ``workers`` CPU workers, and why: the whole share
+    ``cores // workers`` when the model's step is dominated by matrix multiplies (weights of at
+    least ``COMPUTE_BOUND_WEIGHT_BYTES``), else the share less the core its Python needs (at least 1).
+
+    Measured for issue #10 on the team's 2-core CPU host, float32, compile off. One engine decode
+    step (``Engine.generate`` of B prompts of 32 tokens: 9 new tokens minus 1, over 8), at
+    ``torch.set_num_threads`` 1 then 2, alternating, median of 5-7 pairs counted only while other
+    processes used < 10% of the CPUs; ms, 1 → 2 threads:
+
+    ==========================  ===================  =====================
+    model (weights)             batch 1              batch 32
+    ==========================  ===================  =====================
+    demo (3 MiB)                1.54 → 1.44 (×1.07)  4.96 → 4.04 (×1.23)
+    h384 × 8 layers (49 MiB)    5.71 → 4.18 (×1.37)  21.5 → 18.0 (×1.20)
+    h576 × 12 layers (163 MiB)  18.3 → 13.2 (×1.38)  60.2 → 47.0 (×1.28)
+    smollm2-135m (406 MiB)      56.3 → 38.6 (×1.46)  171 → 115 (×1.48)
+    ==========================  ===================  =====================
+
+    Per token at batch 32 the second thread saves 29 µs (demo), 110 µs (49 MiB), 412 µs
+    (163 MiB), 1.7 ms (406 MiB). The Python each token costs outside the step is 45-134 µs (the
+    demo served at 32 clients with one thread: 3,465-4,977 tok/s, against 6,458 for the engine's
+    step alone). The two meet near 50 MiB; hence 64 MiB. Served (issue #10, 32 clients, eager): the 100M model
+    gives 103 tok/s at one thread and 123 at two. On a shared host the rule does not hold: with
+    other work on the cores (load 3-6), ``aieng bench serve`` at 32 clients, alternating, gave
+    one thread 1,227-1,390 tok/s against 835-975 for two (49 MiB) and 115-153 against 92-114
+    (406 MiB).
+    """
     share = max(1, cores // workers)
-    return max(1, share - 1)
+    mib = weight_bytes / 2**20
+    if weight_bytes >= COMPUTE_BOUND_WEIGHT_BYTES:
+        return share, (f"torch threads = cores/workers = {share}: {mib:.0f} MiB of weights, a step is mostly "
+                       f"matrix multiplies (>= {COMPUTE_BOUND_WEIGHT_BYTES / 2**20:.0f} MiB)")
+    return max(1, share - 1), (f"torch threads = max(1, cores/workers - 1) = {max(1, share - 1)}: {mib:.0f} MiB of weights, "
+                               f"a step is mostly Python (< {COMPUTE_BOUND_WEIGHT_BYTES / 2**20:.0f} MiB), "
+                               "so a core stays with the event loop")
 
 
 @dataclass(frozen=True)
@@ -79,7 +126,14 @@ def memory_needs(settings, loaded) -> MemoryNeeds:
     params = loaded.manifest.num_parameters if loaded.manifest else sum(p.numel() for p in loaded.model.parameters())
     kv_bytes = kv_cache_bytes(loaded.model.config, loaded.context_length, settings.max_batch_size,
                               loaded.dtype.itemsize)
-    return MemoryNeeds(params * loaded.dtype.itemsize, kv_bytes, PER_WORKER_OVERHEAD + kv_bytes)
+    if settings.kv_cache_mb:  # the static cache never holds more than its budget
+        kv_bytes = min(kv_bytes, settings.kv_cache_mb * 2**20)
+    weight_bytes = params * loaded.dtype.itemsize
+    import torch
+
+    if settings.weight_formats != "float32" and loaded.dtype == torch.float32 and loaded.device.type == "cpu":
+        weight_bytes += params * 2  # the bf16 copy small steps run in (engine/formats.py), at most
+    return MemoryNeeds(weight_bytes, kv_bytes, PER_WORKER_OVERHEAD + kv_bytes)
 
 
 def plan_for_model(settings, loaded) -> WorkerPlan:

@@ -1,22 +1,49 @@
 import pytest
 
-from aieng.server.process.worker_plan import plan_workers
+from aieng.server.process.worker_plan import COMPUTE_BOUND_WEIGHT_BYTES, plan_workers
 
 GiB = 1024**3
+MiB = 1024**2
+SMALL = 3 * MiB  # the demo model: a step is mostly Python
+LARGE = 426 * MiB  # 106M parameters in float32 (the smollm2-135m shape): a step is mostly matmuls
 
 
-def test_cpu_plan_keeps_threads_times_workers_within_cores():
-    for cores in (1, 2, 4, 8, 16, 64):
-        plan = plan_workers(cores=cores, available_bytes=64 * GiB, weight_bytes=GiB, per_worker_bytes=GiB)
-        assert plan.workers * plan.torch_threads <= cores
-        assert plan.workers >= 1 and plan.torch_threads >= 1
+def test_cpu_plan_keeps_threads_times_workers_within_cores_for_both_kinds_of_model():
+    for weights in (SMALL, LARGE):
+        for cores in (1, 2, 4, 8, 16, 64):
+            for requested in ("auto", 1, 3):
+                plan = plan_workers(cores=cores, available_bytes=64 * GiB, weight_bytes=weights,
+                                    per_worker_bytes=GiB, requested=requested)
+                assert plan.torch_threads >= 1
+                assert plan.workers * plan.torch_threads <= max(cores, plan.workers), plan
 
 
-def test_each_cpu_worker_leaves_a_core_to_its_event_loop():
-    assert plan_workers(cores=2, available_bytes=64 * GiB, weight_bytes=GiB, per_worker_bytes=GiB).torch_threads == 1
-    assert plan_workers(cores=1, available_bytes=64 * GiB, weight_bytes=GiB, per_worker_bytes=GiB).torch_threads == 1
-    assert plan_workers(cores=16, available_bytes=64 * GiB, weight_bytes=GiB, per_worker_bytes=GiB,
+def test_a_small_models_worker_leaves_a_core_to_its_event_loop():
+    plan = plan_workers(cores=2, available_bytes=64 * GiB, weight_bytes=SMALL, per_worker_bytes=GiB)
+    assert (plan.workers, plan.torch_threads) == (1, 1) and "event loop" in plan.reason
+    assert plan_workers(cores=1, available_bytes=64 * GiB, weight_bytes=SMALL, per_worker_bytes=GiB).torch_threads == 1
+    assert plan_workers(cores=16, available_bytes=64 * GiB, weight_bytes=SMALL, per_worker_bytes=GiB,
                         requested=2).torch_threads == 7
+
+
+def test_a_compute_bound_models_worker_gets_all_cores_of_its_share():
+    plan = plan_workers(cores=2, available_bytes=64 * GiB, weight_bytes=LARGE, per_worker_bytes=GiB)
+    assert (plan.workers, plan.torch_threads) == (1, 2) and "matrix multiplies" in plan.reason
+    assert plan_workers(cores=16, available_bytes=64 * GiB, weight_bytes=LARGE, per_worker_bytes=GiB,
+                        requested=2).torch_threads == 8
+    assert plan_workers(cores=8, available_bytes=64 * GiB, weight_bytes=LARGE, per_worker_bytes=GiB).torch_threads == 2
+
+
+def test_the_threshold_separates_the_two_kinds():
+    below = plan_workers(cores=4, available_bytes=64 * GiB, weight_bytes=COMPUTE_BOUND_WEIGHT_BYTES - 1,
+                         per_worker_bytes=GiB, requested=1)
+    at = plan_workers(cores=4, available_bytes=64 * GiB, weight_bytes=COMPUTE_BOUND_WEIGHT_BYTES,
+                      per_worker_bytes=GiB, requested=1)
+    assert (below.torch_threads, at.torch_threads) == (3, 4)
+    assert SMALL < COMPUTE_BOUND_WEIGHT_BYTES <= LARGE
+
+
+def test_gpu_workers_get_every_core():
     assert plan_workers(cores=16, available_bytes=GiB, weight_bytes=GiB, per_worker_bytes=GiB, device="cuda",
                         gpus=1).torch_threads == 16  # GPU workers: torch threads only feed the kernels
 
@@ -36,5 +63,7 @@ def test_cuda_defaults_to_one_worker_per_gpu():
 
 def test_explicit_count_and_bad_count():
     assert plan_workers(cores=8, available_bytes=GiB, weight_bytes=1, per_worker_bytes=1, requested=2).torch_threads == 3
+    assert plan_workers(cores=8, available_bytes=GiB, weight_bytes=LARGE, per_worker_bytes=1,
+                        requested=2).torch_threads == 4
     with pytest.raises(ValueError):
         plan_workers(cores=8, available_bytes=GiB, weight_bytes=1, per_worker_bytes=1, requested=0)

@@ -1,0 +1,100 @@
+"""A real ``aieng serve`` start-up as an operator sees it: /health/ready's 503 names the phase,
+the log moves at least every 10 s, and a restart reuses torch.compile's on-disk cache.
+
+Two starts of the demo model with compilation on and two torch threads (so the worker warms up
+after fork, behind a listening socket, as a compute-bound model does); the compile cache is the
+default ``./var/compile-cache``, so only the first start on a machine compiles cold.
+"""
+
+import json
+import os
+import threading
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import httpx
+
+from aieng.bench.server_process import ServerProcess, free_port
+
+ARGS = ["--workers", "1", "--torch-threads", "2", "--compile"]
+
+
+def log_lines(proc):
+    lines = []
+    for raw in proc.output().splitlines():
+        try:
+            lines.append(json.loads(raw))
+        except ValueError:
+            lines.append({"event": "not_json", "raw": raw})
+    return lines
+
+
+def seconds(line):
+    return datetime.strptime(line["ts"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=timezone.utc).timestamp()
+
+
+def start_polling(demo_store):
+    """Start a server; poll /health/ready and /health/live from before it listens until it is ready."""
+    proc = ServerProcess(store=demo_store.root, port=free_port(), extra_args=ARGS)
+    polls, done = [], threading.Event()
+
+    def poll():
+        while not done.is_set():
+            try:
+                ready = httpx.get(f"{proc.base_url}/health/ready", timeout=2)
+                live = httpx.get(f"{proc.base_url}/health/live", timeout=2)
+                polls.append((ready.status_code, ready.json(), live.status_code))
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=poll, daemon=True)
+    spawned = time.time()
+    thread.start()
+    try:
+        proc.start()
+    finally:
+        done.set()
+        thread.join()
+    return proc, polls, spawned
+
+
+def test_start_up_is_visible_and_a_restart_reuses_the_compile_cache(demo_store):
+    proc, polls, spawned = start_polling(demo_store)
+    final = httpx.get(f"{proc.base_url}/health/ready").json()
+    proc.stop()
+    lines = log_lines(proc)
+    assert not [line for line in lines if line["event"] == "not_json"]
+
+    # /health/ready: 503 with the not_ready envelope and the phase while warming up; live all along
+    starting = [body for status, body, _ in polls if status == 503]
+    assert starting, "no 503 seen while the worker warmed up"
+    warming = [body for body in starting if body["phase"] == "warmup"]
+    assert warming and all(body["status"] == "starting" and body["error"]["code"] == "not_ready" for body in warming)
+    assert any(body["detail"] for body in warming) and all(body["elapsed_s"] >= 0 for body in warming)
+    assert all(live == 200 for _, _, live in polls)
+    assert final == {"status": "ready", "model": "demo", "version": "1"}
+
+    # the log: every phase, each warm-up shape, and never silent for 10 s from spawn to ready
+    started = [line["phase"] for line in lines if line["event"] == "startup_phase_start"]
+    assert started == ["import", "verify", "load", "workers", "engine", "warmup"]
+    shapes = [line["detail"] for line in lines if line["event"] == "startup_progress" and line["phase"] == "warmup"]
+    assert len(shapes) >= 3 and any("(1/" in detail for detail in shapes)
+    ended = {line["phase"]: line["seconds"] for line in lines if line["event"] == "startup_phase_end"}
+    assert set(ended) == set(started) and all(s >= 0 for s in ended.values())
+    ready = next(i for i, line in enumerate(lines) if line["event"] == "startup_ready")
+    stamps = [spawned] + [seconds(line) for line in lines[:ready + 1]]
+    assert max(b - a for a, b in zip(stamps, stamps[1:])) <= 10.0
+    plan = next(line for line in lines if line["event"] == "worker_plan")
+    assert plan["torch_threads"] == 2 and "torch threads set to 2" in plan["reason"]
+    cache = next(line for line in lines if line["event"] == "compile_cache")
+    assert cache["fx_graph_cache"] and cache["aot_autograd_cache"]
+    if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:  # torch's own variable wins when set
+        assert cache["dir"] == str(Path(os.environ.get("AIENG_COMPILE_CACHE_DIR", "var/compile-cache")).resolve())
+
+    # a restart: every compiled graph comes from the on-disk cache the first start left
+    with ServerProcess(store=demo_store.root, extra_args=ARGS) as again:
+        lines = log_lines(again)
+    counts = next(line["compile_cache"] for line in lines if "compile_cache" in line and line["event"] == "startup_progress")
+    assert counts["fx_graph_hit"] > 0 and counts["fx_graph_miss"] == 0, counts
