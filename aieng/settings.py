@@ -44,8 +44,8 @@ class Settings:
                                               "several steps while running streams keep decoding (native forward)")
     kv_cache_mb: int = _setting(0, "static KV cache budget in MiB (native forward); 0 = max_batch_size rows of the "
                                    "full context. Fewer rows fit: the batch size is lowered to match, and logged")
-    weight_formats: str = _setting("auto", "auto | float32 | bfloat16: auto measures at start-up up to which step "
-                                           "size bf16 weights beat fp32 on this CPU and keeps both copies")
+    weight_formats: str = _setting("auto", "auto | float32 | bfloat16: auto measures at start-up at which step "
+                                           "sizes bf16 weights beat fp32 on this CPU and keeps both copies")
     native: bool = _setting(True, "the native forward for Llama-family models (static KV cache, chunked prefill, "
                                   "a compiled decoder layer); 0 = transformers' forward for every model")
     max_queue: int = _setting(256, "waiting requests before 429 with Retry-After")

@@ -27,7 +27,7 @@ def add_parser(sub) -> None:
                         "loop is measured too, in the same run, and reported as eager_*")
     p.add_argument("--int8", action="store_true", help="dynamic int8 quantization of Linear layers (CPU)")
     p.add_argument("--weight-formats", choices=list(FORMATS), default="auto",
-                   help="as AIENG_WEIGHT_FORMATS for `aieng serve`: auto measures up to which step size bf16 weights "
+                   help="as AIENG_WEIGHT_FORMATS for `aieng serve`: auto measures at which step sizes bf16 weights "
                         "beat fp32 on this CPU (default auto, what the server runs)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(handler=_engine)
@@ -92,7 +92,7 @@ def add_parser(sub) -> None:
     p.set_defaults(handler=_context)
 
 
-FORMATS = {"auto": -1, "float32": 0, "bfloat16": 1 << 30}  # as the runtime maps AIENG_WEIGHT_FORMATS
+FORMATS = ("auto", "float32", "bfloat16")  # as AIENG_WEIGHT_FORMATS
 
 
 def _context(args: argparse.Namespace) -> int:
@@ -103,7 +103,7 @@ def _context(args: argparse.Namespace) -> int:
     from aieng.engine.engine import Engine, EngineConfig
 
     loaded, label = load_for_bench(args)
-    config = EngineConfig(compile=args.compile, bf16_max_tokens=FORMATS[args.weight_formats],
+    config = EngineConfig(compile=args.compile, weight_formats=args.weight_formats,
                           max_rows=max(32, args.streams + 1, args.batch))
     engine = Engine(loaded.model, loaded.tokenizer, context_length=loaded.context_length, config=config)
     with tqdm(desc="bench context", unit="step", disable=args.json) as bar:
@@ -149,7 +149,7 @@ def _engine(args: argparse.Namespace) -> int:
         result = run_engine_bench(loaded.model, loaded.tokenizer, new_tokens=args.new_tokens, repeats=args.repeats,
                                   label=label, engine_config=EngineConfig(
                                       compile=args.compile, quantize_int8=args.int8,
-                                      bf16_max_tokens=FORMATS[args.weight_formats]),
+                                      weight_formats=args.weight_formats),
                                   progress=bar)
     data = result.to_dict()
     if args.json:

@@ -32,6 +32,7 @@ from aieng.engine.hf_model import pad_token_id, prepare_model, refuse_sliding_wi
 from aieng.engine.hf_runner import HFRunner
 from aieng.engine.native_llama import native_support
 from aieng.engine.oom import out_of_memory_error
+from aieng.engine.prefill_budget import PrefillBudget
 from aieng.engine.params import GenerationResult, SamplingParams, validate_request
 from aieng.engine.request import GenerationRequest, StepResult, TokenEvent, error_event
 from aieng.engine.row import Row
@@ -50,7 +51,7 @@ class EngineConfig:
     max_rows: int = 64  # rows the engine holds at once (KV slots); the runtime sets the scheduler's batch size
     kv_cache_bytes: int = 0  # static KV cache budget; 0 = enough for max_rows full-context rows
     prefill_chunk_tokens: int = 256  # prompt tokens prefilled per step (native forward)
-    bf16_max_tokens: int = 0  # steps of at most this many tokens use bf16 weights; -1 = measure (formats), 0 = never
+    weight_formats: str = "float32"  # float32 | bfloat16 | auto: measured per step size (formats.py)
     compile_budget_s: float | None = None  # warm-up waits this long for compilation, then serves eagerly
     warmup_prompt_lengths: tuple[int, ...] = (8, 32, 128)
     warmup_batch_sizes: tuple[int, ...] = (1, 8)
@@ -71,6 +72,7 @@ class Engine:
         self.prefilling: list[Row] = []  # admitted, prompt not all in the cache yet (FIFO)
         self.prefilled: dict[str, int] = {}  # prompt tokens already in the cache, per prefilling row
         self.counts = {"prefill_calls": 0, "decode_steps": 0, "oom_splits": 0}
+        self.prefill_budget = PrefillBudget(config.prefill_chunk_tokens)  # adapts the chunk to the decode pace
         self._compile_thread: threading.Thread | None = None
 
     def _make_runner(self, config: EngineConfig):
@@ -78,17 +80,17 @@ class Engine:
         if why_not is None and config.quantize_int8:
             why_not = "int8 dynamic quantization replaces the Linear layers the native forward reads"
         if why_not is None:
-            from aieng.engine.formats import choose_bf16_max_tokens
+            from aieng.engine.formats import format_plan
             from aieng.engine.native_runner import NativeRunner
             from aieng.engine.slots import SlotShape
 
-            bf16_max = config.bf16_max_tokens if config.bf16_max_tokens >= 0 else choose_bf16_max_tokens(self.model)
+            formats = format_plan(config.weight_formats, self.model)
             per_token = SlotShape(self.model.config.num_hidden_layers, self.model.config.num_key_value_heads,
                                   _head_dim(self.model.config), next(self.model.parameters()).dtype).bytes_per_token()
             budget = config.kv_cache_bytes or per_token * (self.context_length + 1) * config.max_rows
             return NativeRunner(self.model, context_length=self.context_length, max_rows=config.max_rows,
                                 kv_cache_bytes=budget, prefill_chunk_tokens=config.prefill_chunk_tokens,
-                                bf16_max_tokens=bf16_max, compile_layers=config.compile)
+                                formats=formats, compile_layers=config.compile)
         log.info("serving with the transformers forward: %s", why_not, extra={"event": "engine_runner"})
         runner = HFRunner(self.model, pad_id=self.pad_id, max_rows=config.max_rows,
                           compile=config.compile)
@@ -107,6 +109,12 @@ class Engine:
         if getattr(self.runner, "compile_failed", False) or not (self.runner.compiled or self._compile_thread):
             return "failed" if getattr(self.runner, "compile_failed", False) else "eager"
         return "compiled" if self.runner.compiled else "compiling"
+
+    def wait_for_compile(self, timeout: float | None = None) -> str:
+        """Block until a background compilation is done (before a fork, which would lose its thread)."""
+        if self._compile_thread is not None:
+            self._compile_thread.join(timeout)
+        return self.compile_status
 
     @property
     def max_rows(self) -> int:
@@ -231,8 +239,9 @@ class Engine:
 
     def _plan_chunks(self) -> list[Chunk]:
         """The next prompt chunks, oldest first, within the step's prefill budget (padded tokens:
-        chunks are right-padded to the widest). The transformers runner takes whole prompts."""
-        budget = self.runner.chunk_tokens if self.runner.chunked else None
+        chunks are right-padded to the widest; ``prefill_budget`` adapts it to the decode pace).
+        The transformers runner takes whole prompts."""
+        budget = self.prefill_budget.tokens(bool(self.runner.decoding_ids())) if self.runner.chunked else None
         chunks: list[Chunk] = []
         width = 0
         for row in self.prefilling:
@@ -248,6 +257,10 @@ class Engine:
     def _forward(self, chunks: list[Chunk], decoding: list[str]) -> list[TokenEvent]:
         decode_rows = [self.rows[rid] for rid in decoding]
         out = self._last = self.runner.forward(chunks, [row.last_token for row in decode_rows])
+        if self.runner.chunked and not out.failed:
+            padded = len(chunks) * max((len(c.token_ids) for c in chunks), default=0)
+            self.prefill_budget.observe(out.prefill_s or out.decode_s or 0.0, prompt_tokens=padded,
+                                        decoding=bool(decoding))
         self.counts["prefill_calls"] += bool(chunks)
         self.counts["decode_steps"] += bool(decoding)
         events = [self._fail(self.rows[rid].request, exc) for rid, exc in out.failed.items()]

@@ -1,18 +1,18 @@
 """Which weight format a step runs in, chosen by measuring this machine, not assumed.
 
-At batch 1 a decode step reads every weight once for very little arithmetic: it is bound by how
-fast the weights stream from memory, so bf16 weights (half the bytes) can be up to twice as fast.
-At batch 32 the same step is bound by arithmetic, and on CPUs without native bf16 matrix units
-(AVX2, most AVX-512 parts before Sapphire Rapids) bf16 matrix multiplies are much slower than
-fp32 (the realistic-shape issue measured 116 tok/s bf16 vs 379 fp32 at batch 32 on this machine's
-kind). So the engine keeps both copies (the bf16 one costs half the fp32 weights' memory) and
-runs a step in bf16 when it has at most ``bf16_max_tokens`` tokens.
+A decode step at batch 1 reads every weight once for little arithmetic: it is bound by how fast
+the weights stream from memory, where bf16 (half the bytes) can win. At batch 32 it is bound by
+arithmetic, where the winner depends on the CPU: without bf16 matrix units (AVX2) bf16 matrix
+multiplies are far slower than fp32, while a CPU with AMX runs bf16 faster than fp32 at batch 32
+and can lose at batch 1 (the realistic-shape issue's notes have both measurements). No single format wins everywhere, and which wins where is a
+property of the machine, so the engine measures it.
 
-``choose_bf16_max_tokens`` times one decoder layer's matrices at 1..64 tokens in both formats
-(about a second) and returns the largest token count up to which bf16 was faster at every count;
-0 means bf16 never wins here (the demo model: its steps are dominated by Python, and the casts
-only add work), and then no bf16 copy is made. Quality: ``aieng eval --dtype bfloat16`` records
-the accuracy of bf16 weights beside fp32 in the manifest.
+``measure_format_plan`` times one decoder layer's matrices at 1..64 tokens in both formats (about
+a second, runs interleaved, medians) and returns a ``FormatPlan``: for each measured token count,
+the faster format; a step uses the plan's choice for the largest measured count not above its own
+token count. The engine keeps a bf16 copy of the layers only when the plan uses bf16 somewhere
+(it costs half the fp32 weights' memory). Quality: ``aieng eval --dtype bfloat16`` records the
+accuracy of bf16 weights beside fp32 in the manifest.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import contextlib
 import logging
 import statistics
 import time
+from dataclasses import dataclass
 
 import psutil
 import torch
@@ -31,10 +32,51 @@ log = logging.getLogger("aieng.engine")
 TOKEN_COUNTS = (1, 2, 4, 8, 16, 32, 64)
 
 
-def choose_bf16_max_tokens(model, *, repeats: int = 5) -> int:
+@dataclass(frozen=True)
+class FormatPlan:
+    """``bf16_from``: (token count, use bf16) from that count up, ascending; empty = fp32 always."""
+
+    bf16_from: tuple[tuple[int, bool], ...] = ()
+
+    @classmethod
+    def fixed(cls, bf16: bool) -> "FormatPlan":
+        return cls(((1, bf16),))
+
+    def use_bf16(self, tokens: int) -> bool:
+        choice = False
+        for count, bf16 in self.bf16_from:
+            if count > tokens:
+                break
+            choice = bf16
+        return choice
+
+    @property
+    def uses_bf16(self) -> bool:
+        return any(bf16 for _, bf16 in self.bf16_from)
+
+    def describe(self) -> str:
+        if not self.uses_bf16:
+            return "fp32 weights for every step"
+        parts = [f"{'bf16' if bf16 else 'fp32'} from {count} token{'s' if count > 1 else ''}"
+                 for i, (count, bf16) in enumerate(self.bf16_from) if i == 0 or bf16 != self.bf16_from[i - 1][1]]
+        return ", ".join(parts)
+
+
+def format_plan(choice: str, model) -> FormatPlan:
+    """``float32`` | ``bfloat16`` | ``auto`` (measured on this machine) as a plan for ``model``."""
+    if choice == "float32":
+        return FormatPlan()
+    if choice == "bfloat16":
+        return FormatPlan.fixed(True)
+    if choice == "auto":
+        return measure_format_plan(model)
+    raise ValueError(f"weight formats {choice!r}: use auto, float32 or bfloat16")
+
+
+def measure_format_plan(model, *, repeats: int = 5) -> FormatPlan:
     weight = next(model.parameters())
     if weight.device.type != "cpu" or weight.dtype != torch.float32:
-        return 0  # on a GPU, or already in a reduced precision: one format
+        return FormatPlan()  # on a GPU, or already in a reduced precision: one format
     layer = model.model.layers[0]
     matrices = [m.weight.detach() for m in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj,
                                             layer.self_attn.o_proj, layer.mlp.gate_proj, layer.mlp.up_proj,
@@ -43,20 +85,18 @@ def choose_bf16_max_tokens(model, *, repeats: int = 5) -> int:
     if copy_bytes > psutil.virtual_memory().available * 0.5:
         log.info("no bf16 weight copy: it would take %.0f MiB of %.0f MiB available", copy_bytes / 2**20,
                  psutil.virtual_memory().available / 2**20, extra={"event": "engine_weight_formats"})
-        return 0
+        return FormatPlan()
     halves = [m.to(torch.bfloat16) for m in matrices]
-    best = 0
-    timings = {}
+    timings, plan = {}, []
     with torch.inference_mode():
         for tokens in TOKEN_COUNTS:
             fp32_s, bf16_s = _time_pair(matrices, halves, tokens, repeats)
             timings[tokens] = (round(fp32_s * 1e6), round(bf16_s * 1e6))
-            if bf16_s >= fp32_s:
-                break
-            best = tokens
-    log.info("weight formats: bf16 for steps of at most %d tokens, fp32 above (one layer's matrices, µs fp32/bf16 "
-             "by tokens: %s)", best, timings, extra={"event": "engine_weight_formats", "bf16_max_tokens": best})
-    return best
+            plan.append((tokens, bf16_s < 0.95 * fp32_s))  # bf16 must win clearly: it costs accuracy
+    result = FormatPlan(tuple(plan))
+    log.info("weight formats: %s (one layer's matrices, µs fp32/bf16 by tokens: %s)", result.describe(), timings,
+             extra={"event": "engine_weight_formats", "plan": result.describe()})
+    return result
 
 
 def _time_pair(fp32: list[torch.Tensor], bf16: list[torch.Tensor], tokens: int, repeats: int) -> tuple[float, float]:

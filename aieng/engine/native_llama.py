@@ -13,10 +13,10 @@ engine runs its own forward over the same weights:
 - **Grouped-query attention without copies.** The query heads that share a key/value head are
   folded into the query-length dimension, so ``scaled_dot_product_attention`` reads the cache
   views as they are (no ``repeat_kv``).
-- **Weight formats by batch size** (``WeightFormats``): on a CPU without native bf16 matrix units
-  a bf16 matrix-vector product reads half the bytes and wins at batch 1, while fp32 wins at
-  batch 32; both copies are kept when the memory budget allows, and each step picks by its token
-  count (``bf16_max_tokens``, measured at start-up by ``aieng.engine.formats``).
+- **Weight formats by step size**: bf16 reads half the bytes, fp32 is faster arithmetic on CPUs
+  without bf16 units, and which wins at which batch size depends on the machine; the runner
+  keeps both copies when the plan uses both, and each step picks by its token count
+  (``formats.FormatPlan``, measured at start-up).
 - **Regional compilation.** Every decoder layer has the same shapes, so ``torch.compile`` of the
   layer function builds one graph that all layers share: compile time does not grow with depth.
   Decode-only steps use it; steps with a prefill chunk, which are compute-bound, run eagerly.

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from aieng.engine.formats import FormatPlan
 from aieng.engine.native_llama import AttentionPlan, NativeLlama
 from aieng.engine.oom import is_out_of_memory, release_cached_memory
 from aieng.engine.runner import Chunk, StepLogits
@@ -27,16 +28,19 @@ class NativeRunner:
     chunked = True
 
     def __init__(self, model, *, context_length: int, max_rows: int, kv_cache_bytes: int,
-                 prefill_chunk_tokens: int, bf16_max_tokens: int, compile_layers: bool):
+                 prefill_chunk_tokens: int, formats: FormatPlan, compile_layers: bool):
         self.device = next(model.parameters()).device
-        self.net = NativeLlama(model, bf16_copy=bf16_max_tokens > 0, compile_layers=compile_layers)
+        self.net = NativeLlama(model, bf16_copy=formats.uses_bf16, compile_layers=compile_layers)
         dims = self.net.dims
         shape = SlotShape(self.net.num_layers, dims.kv_heads, dims.head_dim, self.net.dtype)
         rows = plan_slots(shape, budget_bytes=kv_cache_bytes, capacity=context_length, max_rows=max_rows)
         self.cache = SlotKVCache(shape, slots=rows, capacity=context_length, device=self.device)
         self.chunk_tokens = prefill_chunk_tokens
-        self.bf16_max_tokens = bf16_max_tokens
-        self.compiled_ready = False  # the compiled layer's graphs exist: decode-only steps use it
+        self.formats = formats
+        # Decode-only steps use the compiled layer when this is True. Without a warm-up the first
+        # decode compiles inline (the cold start notebook 03 shows); ``warmup`` clears it while
+        # it runs the shapes eagerly and sets it again when the graphs are built.
+        self.compiled_ready = compile_layers
         self.compile_failed = False
         self._compile_thread: threading.Thread | None = None
         self.splits = 0  # forwards retried in halves after running out of memory
@@ -143,7 +147,7 @@ class NativeRunner:
         positions = torch.tensor([p for part in position_lists for p in part], dtype=torch.long, device=device)
         plan = AttentionPlan(b, first, decode_pos, decode_mask, prefill.get("slots"), prefill.get("pos"),
                              prefill.get("write"), prefill.get("mask"))
-        bf16 = 0 < len(tokens) <= self.bf16_max_tokens
+        bf16 = self.formats.use_bf16(len(tokens))
         use_compiled = self.compiled and not chunks and first == 0
         hidden = self._layers(tokens, positions, plan, bf16=bf16, compiled=use_compiled)
         # Only now, with the forward done, do the rows' lengths move: a failed call changes nothing.
@@ -192,14 +196,12 @@ class NativeRunner:
 
     # -- compilation ---------------------------------------------------------------------------
     def compile_shapes(self) -> list[tuple[int, bool]]:
-        """The decode-only graphs serving uses: (rows, bf16) for one row and several, each format."""
-        shapes = []
-        for rows in (1, 2, self.bf16_max_tokens + 1):
-            if rows > self.max_rows:
-                continue
-            bf16 = rows <= self.bf16_max_tokens
-            if (rows, bf16) not in shapes:
-                shapes.append((rows, bf16))
+        """The decode-only graphs serving uses: (rows, bf16) for one row, and for several rows in
+        each format the plan uses (a graph for 2+ rows is dynamic in the row count)."""
+        shapes = [(1, self.formats.use_bf16(1))]
+        for rows in [2] + [count for count, _ in self.formats.bf16_from if count > 2]:
+            if rows <= self.max_rows and all(b != self.formats.use_bf16(rows) for r, b in shapes if r > 1):
+                shapes.append((rows, self.formats.use_bf16(rows)))
         return shapes
 
     @torch.inference_mode()

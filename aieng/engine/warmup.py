@@ -35,6 +35,8 @@ def warm_up(engine, progress: Callable[[str], None]) -> float:
     batch_sizes = sorted({min(b, engine.max_rows) for b in config.warmup_batch_sizes})
     shapes = [(b, n) for b in batch_sizes for n in config.warmup_prompt_lengths]
     native = hasattr(engine.runner, "build_graphs")
+    if native:
+        engine.runner.compiled_ready = False  # the shapes run eagerly; graphs are built after them
     mode = "eager" if native or not engine.compiled else "compiling the forward"
     for i, (batch_size, length) in enumerate(shapes, 1):
         length = min(length, engine.context_length - 2)

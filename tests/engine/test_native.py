@@ -120,17 +120,22 @@ def test_bf16_weights_for_small_steps_stay_close_to_fp32(demo, render):
     prompts = [render(p) for p in PROMPTS]
     params = SamplingParams(max_tokens=16, temperature=0)
     fp32 = Engine(model, tokenizer, config=EngineConfig(compile=False)).generate(prompts, params)
-    bf16_engine = Engine(model, tokenizer, config=EngineConfig(compile=False, bf16_max_tokens=10**6))
+    bf16_engine = Engine(model, tokenizer, config=EngineConfig(compile=False, weight_formats="bfloat16"))
     assert bf16_engine.runner.net.layers_bf16[0].qkv.dtype == torch.bfloat16
     bf16 = bf16_engine.generate(prompts, params)
     assert sum(a.text == b.text for a, b in zip(fp32, bf16)) >= 3  # the demo's answers survive bf16
 
 
-def test_the_format_chooser_measures_and_returns_a_token_count(demo):
-    from aieng.engine.formats import TOKEN_COUNTS, choose_bf16_max_tokens
+def test_the_format_plan_is_measured_per_step_size_and_picks_by_token_count(demo):
+    from aieng.engine.formats import TOKEN_COUNTS, FormatPlan, measure_format_plan
 
     model, _ = demo
-    assert choose_bf16_max_tokens(model, repeats=1) in (0, *TOKEN_COUNTS)
+    measured = measure_format_plan(model, repeats=1)
+    assert [count for count, _ in measured.bf16_from] == list(TOKEN_COUNTS)
+    plan = FormatPlan(((1, True), (4, False), (32, True)))  # e.g. bandwidth wins small, bf16 units win large
+    assert [plan.use_bf16(n) for n in (1, 3, 4, 31, 32, 500)] == [True, True, False, False, True, True]
+    assert plan.describe() == "bf16 from 1 token, fp32 from 4 tokens, bf16 from 32 tokens"
+    assert not FormatPlan().uses_bf16 and FormatPlan.fixed(True).use_bf16(7)
 
 
 def test_memory_the_cache_never_wrote_cannot_leak_into_attention(demo, render):
@@ -145,3 +150,17 @@ def test_memory_the_cache_never_wrote_cannot_leak_into_attention(demo, render):
             t.fill_(float("nan"))
     got = engine.generate(prompts, params)
     assert [r.token_ids for r in got] == greedy_reference(engine, model, prompts, 12)
+
+
+def test_the_prefill_budget_follows_the_decode_pace():
+    from aieng.engine.prefill_budget import PrefillBudget
+
+    budget = PrefillBudget(max_tokens=256)
+    assert budget.tokens(decoding=True) == 256  # nothing measured yet
+    budget.observe(0.040, prompt_tokens=0, decoding=True)  # a decode step: 40 ms
+    budget.observe(0.040 + 0.100, prompt_tokens=100, decoding=True)  # a chunk of 100 tokens added 100 ms
+    assert budget.tokens(decoding=True) == 40  # a chunk may cost about one decode step
+    assert budget.tokens(decoding=False) == 256  # nobody waiting: the whole budget, fastest first token
+    budget.observe(0.040 + 100.0, prompt_tokens=100, decoding=True)  # very slow chunks: never below the floor
+    assert budget.tokens(decoding=True) == budget.min_tokens
+    assert PrefillBudget(max_tokens=8, decode_s=1.0, token_s=1e-6).tokens(decoding=True) == 8  # nor above the ceiling

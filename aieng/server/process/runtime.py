@@ -54,15 +54,14 @@ class RuntimeConfig:
     @classmethod
     def from_settings(cls, settings: Settings) -> "RuntimeConfig":
         """The one place where ``Settings`` (environment and flags) become component configs."""
-        formats = {"auto": -1, "float32": 0, "bfloat16": 1 << 30}
-        if settings.weight_formats not in formats:
+        if settings.weight_formats not in ("auto", "float32", "bfloat16"):
             from aieng.errors import ConfigError
 
             raise ConfigError(f"AIENG_WEIGHT_FORMATS={settings.weight_formats!r}: use auto, float32 or bfloat16")
         engine = EngineConfig(compile=settings.compile, quantize_int8=settings.int8, native=settings.native,
                               max_rows=settings.max_batch_size, kv_cache_bytes=settings.kv_cache_mb * 2**20,
                               prefill_chunk_tokens=settings.prefill_chunk_tokens,
-                              bf16_max_tokens=formats[settings.weight_formats],
+                              weight_formats=settings.weight_formats,
                               compile_budget_s=settings.compile_budget_s)
         scheduler = SchedulerConfig(max_batch_size=settings.max_batch_size, max_batch_tokens=settings.max_batch_tokens,
                                     max_queue=settings.max_queue, max_queue_delay_ms=settings.max_queue_delay_ms,

@@ -18,6 +18,9 @@ import httpx
 from aieng.bench.server_process import ServerProcess, free_port
 
 ARGS = ["--workers", "1", "--torch-threads", "2", "--compile"]
+# Warm-up waits for every graph (on busy cores compiling can pass the default 60 s budget, and a
+# graph still compiling in the background when the test stops the server would miss the cache).
+ENV = {"AIENG_COMPILE_BUDGET_S": "600"}
 
 
 def log_lines(proc):
@@ -36,7 +39,7 @@ def seconds(line):
 
 def start_polling(demo_store):
     """Start a server; poll /health/ready and /health/live from before it listens until it is ready."""
-    proc = ServerProcess(store=demo_store.root, port=free_port(), extra_args=ARGS)
+    proc = ServerProcess(store=demo_store.root, port=free_port(), extra_args=ARGS, env=ENV)
     polls, done = [], threading.Event()
 
     def poll():
@@ -94,7 +97,7 @@ def test_start_up_is_visible_and_a_restart_reuses_the_compile_cache(demo_store):
         assert cache["dir"] == str(Path(os.environ.get("AIENG_COMPILE_CACHE_DIR", "var/compile-cache")).resolve())
 
     # a restart: every compiled graph comes from the on-disk cache the first start left
-    with ServerProcess(store=demo_store.root, extra_args=ARGS) as again:
+    with ServerProcess(store=demo_store.root, extra_args=ARGS, env=ENV) as again:
         lines = log_lines(again)
     counts = next(line["compile_cache"] for line in lines if "compile_cache" in line and line["event"] == "startup_progress")
     assert counts["fx_graph_hit"] > 0 and counts["fx_graph_miss"] == 0, counts
