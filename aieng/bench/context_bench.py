@@ -56,18 +56,19 @@ def step_ms_at_kv_length(engine: Engine, *, batch: int, kv_length: int, window: 
     return statistics.median(times[:-1]) * 1000
 
 
-def itl_while_a_long_prompt_joins(engine: Engine, *, streams: int, join_tokens: int, steps: int = 48,
-                                  progress=None) -> tuple[float, float]:
-    """(median step ms, p99 of the running rows' inter-token gaps in ms) across a long prompt's join."""
-    params = SamplingParams(max_tokens=steps + 1, temperature=0, ignore_eos=True)
+def itl_while_a_long_prompt_joins(engine: Engine, *, streams: int, join_tokens: int, before: int = 12,
+                                  after: int = 8, max_steps: int = 1000, progress=None) -> tuple[float, float]:
+    """(median step ms, p99 of the running rows' inter-token gaps in ms) from ``before`` steps
+    ahead of a long prompt's arrival to ``after`` steps past its first token."""
+    params = SamplingParams(max_tokens=engine.context_length - 16, temperature=0, ignore_eos=True)
     engine.prefill([GenerationRequest(f"s{i}", [5 + i, 9, 11, 13, 17, 19, 23, 29], params) for i in range(streams)])
     long_prompt = [(11 * i) % 300 + 3 for i in range(join_tokens)]
     last_seen: dict[str, float] = {}
     gaps, step_times = [], []
-    joined = False
-    for step in range(steps):
+    joined_at = None
+    for step in range(max_steps):
         joiners = [GenerationRequest("long", long_prompt, SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))] \
-            if step == steps // 4 else []
+            if step == before else []
         start = time.perf_counter()
         result = engine.step(joiners)
         now = time.perf_counter()
@@ -77,12 +78,15 @@ def itl_while_a_long_prompt_joins(engine: Engine, *, streams: int, join_tokens: 
                 if event.request_id in last_seen:
                     gaps.append(now - last_seen[event.request_id])
                 last_seen[event.request_id] = now
-            elif event.request_id == "long":
-                joined = True
+            elif event.request_id == "long" and joined_at is None:
+                joined_at = step
         if progress:
             progress(1)
+        if joined_at is not None and step >= joined_at + after:
+            break
     engine.remove(engine.running_ids())
-    assert joined, "the long prompt never produced a token: raise steps"
+    if joined_at is None:
+        raise RuntimeError(f"the long prompt produced no token in {max_steps} steps")
     gaps.sort()
     p99 = gaps[min(len(gaps) - 1, int(0.99 * len(gaps)))]
     return statistics.median(step_times) * 1000, p99 * 1000

@@ -138,7 +138,6 @@ class NativeRunner:
         if b:
             decode_pos = torch.tensor(position_lists[0], device=device)
             span = max(position_lists[0]) + 1
-            cache.ensure_clean(range(first, first + b), span)
             decode_mask = (torch.arange(span, device=device)[None, :] <= decode_pos[:, None])[:, None, None, :]
         prefill = {}
         if chunks:
@@ -178,7 +177,6 @@ class NativeRunner:
             position_lists.append([min(p, cache.capacity - 1) for p in row_pos])
         pos_t = torch.tensor(pos, device=device)
         span = max(c.start + len(c.token_ids) for c in chunks)
-        cache.ensure_clean(slots, span)
         mask = (torch.arange(span, device=device)[None, None, :] <= pos_t[:, :, None])[:, None]
         return {"slots": torch.tensor(slots, device=device), "pos": pos_t, "write": torch.tensor(write, device=device),
                 "mask": mask, "width": width}

@@ -26,8 +26,10 @@ class PrefillBudget:
 
     def tokens(self, decoding: bool) -> int:
         """The chunk budget for the next step (``decoding``: some rows are waiting for a token)."""
-        if not decoding or self.decode_s is None or not self.token_s:
+        if not decoding:
             return self.max_tokens
+        if self.decode_s is None or not self.token_s:  # not measured yet: a small first chunk to learn from
+            return min(self.max_tokens, self.min_tokens)
         return int(min(self.max_tokens, max(self.min_tokens, self.decode_s / self.token_s)))
 
     def observe(self, seconds: float, *, prompt_tokens: int, decoding: bool) -> None:

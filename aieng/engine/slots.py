@@ -58,14 +58,15 @@ class SlotKVCache:
         size = (slots, shape.kv_heads, capacity + 1, shape.head_dim)
         # Inference tensors: the compiled layer's graphs are built for them (``build_graphs`` runs
         # under inference mode, on a scratch cache), and a tensor's inference-ness is part of a graph.
-        # ``empty``, not ``zeros``: the operating system hands out pages as they are first written,
-        # so the process grows with the context actually used, not with the budget. What attention
-        # reads beyond a row's length (masked, but 0 × NaN is NaN) is zeroed on demand (``clean``).
+        # Zeroed, and so claimed, up front: the budget is the process's KV memory from the first
+        # second (a host short of it fails at start-up, not under load), and attention, which reads
+        # masked positions past a row's length (0 × NaN is NaN), never meets uninitialised memory.
+        # (Zeroing lazily as rows grow was tried: the first row to reach a long context then paid
+        # for zeroing every other row's slot to that length inside one step, a 200 ms stall.)
         with torch.inference_mode():
-            self.keys = [torch.empty(size, dtype=shape.dtype, device=device) for _ in range(shape.layers)]
-            self.values = [torch.empty(size, dtype=shape.dtype, device=device) for _ in range(shape.layers)]
+            self.keys = [torch.zeros(size, dtype=shape.dtype, device=device) for _ in range(shape.layers)]
+            self.values = [torch.zeros(size, dtype=shape.dtype, device=device) for _ in range(shape.layers)]
         self.lengths = [0] * slots  # valid tokens per slot
-        self.clean = [0] * slots  # positions [0, clean) hold finite values (written or zeroed)
         self.owner: list[str | None] = [None] * slots  # request id per slot
         self.slot_of: dict[str, int] = {}
         self.decoding: list[str] = []  # ids of the decoding rows: slot i holds decoding[i]
@@ -107,16 +108,6 @@ class SlotKVCache:
         self.owner[slot], self.lengths[slot] = None, 0
 
     @torch.inference_mode()
-    def ensure_clean(self, slots: range | list[int], span: int) -> None:
-        """Positions ``[0, span)`` of these slots hold finite values (attention reads them all)."""
-        for slot in slots:
-            start = max(self.clean[slot], self.lengths[slot])  # a row's own tokens are never zeroed
-            if start < span:
-                for t in self.keys + self.values:
-                    t[slot, :, start:span] = 0
-            self.clean[slot] = max(self.clean[slot], span)
-
-    @torch.inference_mode()
     def swap(self, a: int, b: int) -> None:
         """Exchange the contents of two slots (only their valid prefixes are copied)."""
         if a == b:
@@ -128,8 +119,6 @@ class SlotKVCache:
                 for t in tensors:
                     t[[a, b], :, :n] = t[:, :, :n].index_select(0, index)
         self.lengths[a], self.lengths[b] = self.lengths[b], self.lengths[a]
-        finite = min(self.clean[a], self.clean[b])  # finite in both before the copy, so in both after it
-        self.clean[a], self.clean[b] = max(finite, self.lengths[a]), max(finite, self.lengths[b])
         self.owner[a], self.owner[b] = self.owner[b], self.owner[a]
         for slot in (a, b):
             if self.owner[slot] is not None:
