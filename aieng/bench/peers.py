@@ -31,13 +31,10 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
-
-from aieng.bench.server_process import ServerProcess, ServerStartError
+from aieng.bench.server_process import ServerProcess
 
 PEER_KINDS = ("transformers", "llama.cpp", "llama-cpp-python")
 GGUF_KINDS = ("llama.cpp", "llama-cpp-python")
@@ -158,22 +155,6 @@ class PeerServer(ServerProcess):
 
     def command(self) -> list[str]:
         return [a.replace("{port}", str(self.port)) for a in self.argv]
-
-    def _wait_ready(self) -> None:
-        deadline = time.monotonic() + self.ready_timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                self.stop()
-                raise ServerStartError(f"{self.name} exited with status {self.process.returncode} before it was "
-                                       f"ready (log: {self.log_path})", self.output(), self.process.returncode)
-            try:
-                if httpx.get(f"{self.base_url}{self.health_path}", timeout=1.0).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        self.stop()
-        raise ServerStartError(f"{self.name} was not ready within {self.ready_timeout}s", self.output(), None)
 
 
 def find_llama_server() -> str | None:

@@ -83,6 +83,8 @@ class ServerProcess:
     ready_timeout: float = 300.0  # a cold torch.compile of every graph on 2 busy cores can take minutes
     log_path: Path | None = None  # server stdout+stderr go here (a temp file by default)
     process: subprocess.Popen | None = None
+    name: str = "aieng serve"  # in start-up errors
+    health_path: str = "/health/ready"  # answers 200 once the server can take requests
 
     @property
     def base_url(self) -> str:
@@ -118,16 +120,16 @@ class ServerProcess:
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 self.stop()  # closes the log, drops the exit hook
-                raise ServerStartError(f"aieng serve exited with status {self.process.returncode} before it was ready",
-                                       self.output(), self.process.returncode)
+                raise ServerStartError(f"{self.name} exited with status {self.process.returncode} before it was "
+                                       f"ready (log: {self.log_path})", self.output(), self.process.returncode)
             try:
-                if httpx.get(f"{self.base_url}/health/ready", timeout=1.0).status_code == 200:
+                if httpx.get(f"{self.base_url}{self.health_path}", timeout=1.0).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
             time.sleep(0.1)
         self.stop()
-        raise ServerStartError(f"aieng serve was not ready within {self.ready_timeout}s", self.output(), None)
+        raise ServerStartError(f"{self.name} was not ready within {self.ready_timeout}s", self.output(), None)
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int | None:
         if self.process is None:

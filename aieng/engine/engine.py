@@ -21,7 +21,6 @@ the engine. It owns no scheduling policy: which requests join is the scheduler's
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -73,7 +72,6 @@ class Engine:
         self.prefilled: dict[str, int] = {}  # prompt tokens already in the cache, per prefilling row
         self.counts = {"prefill_calls": 0, "decode_steps": 0, "oom_splits": 0}
         self.prefill_budget = PrefillBudget(config.prefill_chunk_tokens)  # adapts the chunk to the decode pace
-        self._compile_thread: threading.Thread | None = None
 
     def _make_runner(self, config: EngineConfig):
         why_not = native_support(self.model) if config.native else "native forward switched off"
@@ -104,16 +102,11 @@ class Engine:
     @property
     def compile_status(self) -> str:
         """eager | compiling | compiled | failed."""
-        if not self.config.compile:
-            return "eager"
-        if getattr(self.runner, "compile_failed", False) or not (self.runner.compiled or self._compile_thread):
-            return "failed" if getattr(self.runner, "compile_failed", False) else "eager"
-        return "compiled" if self.runner.compiled else "compiling"
+        return self.runner.compile_status
 
     def wait_for_compile(self, timeout: float | None = None) -> str:
         """Block until a background compilation is done (before a fork, which would lose its thread)."""
-        if self._compile_thread is not None:
-            self._compile_thread.join(timeout)
+        self.runner.wait_for_compile(timeout)
         return self.compile_status
 
     @property

@@ -41,6 +41,16 @@ class HFRunner:
     def compiled(self) -> bool:
         return self.forward_fn.active
 
+    @property
+    def compile_status(self) -> str:
+        """compiled (graphs are built lazily, at warm-up), eager, or failed (fell back to eager)."""
+        if self.forward_fn.fallbacks:
+            return "failed"
+        return "compiled" if self.forward_fn.active else "eager"
+
+    def wait_for_compile(self, timeout: float | None = None) -> None:
+        pass  # compiles in the calling thread
+
     def admit(self, request_id: str) -> None:
         pass
 

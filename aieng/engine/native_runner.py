@@ -54,6 +54,19 @@ class NativeRunner:
     def compiled(self) -> bool:
         return self.compiled_ready and not self.compile_failed
 
+    @property
+    def compile_status(self) -> str:
+        """eager | compiling | compiled | failed."""
+        if self.net.compiled_layer is None:
+            return "eager"
+        if self.compile_failed:
+            return "failed"
+        return "compiled" if self.compiled_ready else "compiling"
+
+    def wait_for_compile(self, timeout: float | None = None) -> None:
+        if self._compile_thread is not None:
+            self._compile_thread.join(timeout)
+
     def admit(self, request_id: str) -> None:
         self.cache.acquire(request_id)
 

@@ -66,8 +66,8 @@ def _compile(engine, progress: Callable[[str], None], start: float) -> None:
             log.info("compiled the decoder layer in %.1f s; decode steps use the graphs from now on", seconds,
                      extra={"event": "engine_compiled", "seconds": round(seconds, 2)})
 
-    engine._compile_thread = runner.compile_in_background(progress, done)
-    engine._compile_thread.join(max(0.0, budget - (time.perf_counter() - start)))
-    if engine._compile_thread.is_alive():
+    thread = runner.compile_in_background(progress, done)
+    thread.join(max(0.0, budget - (time.perf_counter() - start)))
+    if thread.is_alive():
         log.warning("compilation is past its budget (%.0f s): serving eagerly meanwhile; decode steps switch to "
                     "the compiled graphs when they are ready", budget, extra={"event": "engine_compile_background"})

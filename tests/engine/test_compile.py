@@ -167,7 +167,7 @@ def test_past_its_budget_compilation_goes_on_in_the_background_while_the_engine_
     assert any("compiling the decoder layer" in d for d in details) or engine.compile_status == "compiling"
     params = SamplingParams(max_tokens=8, temperature=0)
     served = engine.generate([render(TASKS[0])], params)[0]  # eagerly, or compiled if it already finished
-    engine._compile_thread.join(timeout=300)
+    engine.wait_for_compile(timeout=300)
     assert engine.compile_status == "compiled" and engine.compiled
     again = engine.generate([render(TASKS[0])], params)[0]
     assert served.token_ids == again.token_ids
