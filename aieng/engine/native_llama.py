@@ -17,9 +17,13 @@ engine runs its own forward over the same weights:
   without bf16 units, and which wins at which batch size depends on the machine; the runner
   keeps both copies when the plan uses both, and each step picks by its token count
   (``formats.FormatPlan``, measured at start-up).
-- **Regional compilation.** Every decoder layer has the same shapes, so ``torch.compile`` of the
-  layer function builds one graph that all layers share: compile time does not grow with depth.
-  Decode-only steps use it; steps with a prefill chunk, which are compute-bound, run eagerly.
+- **Regional compilation, one call per step.** Every decoder layer has the same shapes, so the
+  layer is a nested compile region (``torch.compiler.nested_compile_region``): inductor builds
+  its kernels once and the compiled stack calls them for every layer. Compile time does not grow
+  with depth, and a step crosses from Python into compiled code once, not once per layer (each
+  ``torch.compile`` call pays for guards and wrappers, which per layer cost a large share of a
+  batch-1 step). Decode-only steps use it; steps with a prefill chunk, which are compute-bound,
+  run eagerly.
 
 Supported: ``llama``, ``mistral`` and ``qwen2`` configurations with full attention (rotary and
 its scaling come from the model's own rotary module). Anything else is served by the
@@ -28,6 +32,9 @@ transformers forward (``hf_runner``).
 
 from __future__ import annotations
 
+import contextlib
+import itertools
+import types
 from dataclasses import dataclass
 
 import torch
@@ -100,6 +107,29 @@ class AttentionPlan:
     prefill_mask: torch.Tensor | None
 
 
+def run_layers(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layers: list, dims: Dims,
+               keys: list, values: list, plan: AttentionPlan) -> torch.Tensor:
+    """Every decoder layer in turn: what ``NativeLlama`` compiles. The layer is called with flat
+    arguments (tensors, ints, None) because only those let dynamo trace it once and stamp the
+    trace out for the other layers; dataclass arguments make it re-trace every layer."""
+    # No Python int for the row count: it is read off decode_pos inside, so it stays the symbolic
+    # size that ``mark_step_dynamic`` made it (an int would be a constant guarded per batch size).
+    shared = (dims.heads, dims.kv_heads, dims.head_dim, dims.eps, plan.decode_first, plan.decode_pos,
+              plan.decode_mask, plan.prefill_slots, plan.prefill_pos, plan.prefill_write, plan.prefill_mask)
+    for i, w in enumerate(layers):
+        x = _layer_region(x, cos, sin, w.qkv, w.qkv_bias, w.o, w.gate_up, w.down, w.norm_attn, w.norm_mlp,
+                          keys[i], values[i], *shared)
+    return x
+
+
+def _flat_decoder_layer(x, cos, sin, qkv, qkv_bias, o, gate_up, down, norm_attn, norm_mlp, keys, values,
+                        heads, kv_heads, head_dim, eps, decode_first, decode_pos, *rest) -> torch.Tensor:
+    rows = 0 if decode_pos is None else decode_pos.shape[0]
+    return decoder_layer(x, cos, sin, LayerWeights(qkv, qkv_bias, o, gate_up, down, norm_attn, norm_mlp),
+                         Dims(heads, kv_heads, head_dim, eps), keys, values,
+                         AttentionPlan(rows, decode_first, decode_pos, *rest))
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     variance = x.float().pow(2).mean(-1, keepdim=True)
     return weight * (x.float() * torch.rsqrt(variance + eps)).to(x.dtype)
@@ -163,6 +193,11 @@ def decoder_layer(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, w: Laye
     return x + linear(F.silu(gate) * up, w.down)
 
 
+# The layer as a region compiled once and reused by every layer of the compiled stack (eagerly,
+# outside torch.compile, it is just the function).
+_layer_region = torch.compiler.nested_compile_region(_flat_decoder_layer)
+
+
 class NativeLlama:
     """The weights of a transformers Llama-family model, arranged for ``decoder_layer``."""
 
@@ -179,8 +214,10 @@ class NativeLlama:
         self.layers = [_layer_weights(layer) for layer in inner.layers]
         self.layers_bf16 = [w.to(torch.bfloat16) for w in self.layers] if bf16_copy else None
         self.dtype = self.lm_head.dtype
-        self.eager_layer = decoder_layer
-        self.compiled_layer = torch.compile(decoder_layer, dynamic=True) if compile_layers else None
+        # Static by default (weights, hidden size); the step's row count and attention span, and the
+        # cache's slot count and capacity, are marked dynamic (``mark_step_dynamic``,
+        # ``mark_cache_dynamic``) so one graph serves every batch of 2+ rows.
+        self.compiled_stack = torch.compile(_own_copy(run_layers), dynamic=None) if compile_layers else None
 
     @property
     def num_layers(self) -> int:
@@ -195,13 +232,57 @@ class NativeLlama:
         x = self.embed(tokens)
         cos, sin = self.rotary(x[None], positions[None])
         cos, sin = cos[0, :, None, :], sin[0, :, None, :]
-        layer = self.compiled_layer if compiled and self.compiled_layer is not None else self.eager_layer
-        for i, w in enumerate(self.weights(bf16)):
-            x = layer(x, cos, sin, w, self.dims, cache.keys[i], cache.values[i], plan)
+        layers = self.weights(bf16)
+        if compiled and self.compiled_stack is not None:
+            mark_step_dynamic(x, cos, sin, plan)
+            return self.compiled_stack(x, cos, sin, layers, self.dims, cache.keys, cache.values, plan)
+        for i, w in enumerate(layers):
+            x = decoder_layer(x, cos, sin, w, self.dims, cache.keys[i], cache.values[i], plan)
         return x
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return F.linear(rms_norm(hidden, self.final_norm, self.final_eps), self.lm_head).float()
+
+
+def _own_copy(fn):
+    """``fn`` with a code object of its own. Dynamo keeps compiled graphs, their recompile limit and
+    its record of which sizes have changed per code object: shared, a second model in the process
+    (a hot-swapped version, a test) would count against the first's limit and turn the sizes that
+    differ between the two (the weights') symbolic."""
+    code = fn.__code__.replace(co_name=f"{fn.__name__}_{next(_copies)}")
+    return types.FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__)
+
+
+_copies = itertools.count()
+
+
+@contextlib.contextmanager
+def compile_settings():
+    """Wrap the calls that build the graphs (warm-up): only what ``mark_*_dynamic`` marks is
+    dynamic (no automatic dynamic), and no duck shaping (a row count that happens to equal the slot
+    count while compiling must not become a guard later steps fail). Compile-time only: patching
+    torch's config around every step costs milliseconds."""
+    with torch._dynamo.config.patch(automatic_dynamic_shapes=False), \
+            torch.fx.experimental._config.patch(use_duck_shape=False):
+        yield
+
+
+def mark_step_dynamic(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, plan: AttentionPlan) -> None:
+    """Mark the row count and attention span dynamic (one row stays a graph of its own: torch
+    specialises sizes 0 and 1)."""
+    if x.shape[0] >= 2:
+        for t in (x, cos, sin, plan.decode_pos, plan.decode_mask):
+            if t is not None:
+                torch._dynamo.mark_dynamic(t, 0)
+    if plan.decode_mask is not None and plan.decode_mask.shape[-1] >= 2:
+        torch._dynamo.mark_dynamic(plan.decode_mask, 3)
+
+
+def mark_cache_dynamic(cache) -> None:
+    """Slots and capacity vary between the warm-up's scratch cache and the serving cache."""
+    for t in cache.keys + cache.values:
+        torch._dynamo.mark_dynamic(t, 0)
+        torch._dynamo.mark_dynamic(t, 2)
 
 
 def _fuse(modules, attribute: str) -> torch.Tensor | None:

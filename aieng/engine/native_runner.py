@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from aieng.engine.formats import FormatPlan
-from aieng.engine.native_llama import AttentionPlan, NativeLlama
+from aieng.engine.native_llama import AttentionPlan, NativeLlama, compile_settings, mark_cache_dynamic
 from aieng.engine.oom import is_out_of_memory, release_cached_memory
 from aieng.engine.runner import Chunk, StepLogits
 from aieng.engine.slots import SlotKVCache, SlotShape, plan_slots
@@ -35,9 +35,10 @@ class NativeRunner:
         shape = SlotShape(self.net.num_layers, dims.kv_heads, dims.head_dim, self.net.dtype)
         rows = plan_slots(shape, budget_bytes=kv_cache_bytes, capacity=context_length, max_rows=max_rows)
         self.cache = SlotKVCache(shape, slots=rows, capacity=context_length, device=self.device)
+        mark_cache_dynamic(self.cache)
         self.chunk_tokens = prefill_chunk_tokens
         self.formats = formats
-        # Decode-only steps use the compiled layer when this is True. Without a warm-up the first
+        # Decode-only steps use the compiled stack when this is True. Without a warm-up the first
         # decode compiles inline (the cold start notebook 03 shows); ``warmup`` clears it while
         # it runs the shapes eagerly and sets it again when the graphs are built.
         self.compiled_ready = compile_layers
@@ -57,7 +58,7 @@ class NativeRunner:
     @property
     def compile_status(self) -> str:
         """eager | compiling | compiled | failed."""
-        if self.net.compiled_layer is None:
+        if self.net.compiled_stack is None:
             return "eager"
         if self.compile_failed:
             return "failed"
@@ -218,11 +219,12 @@ class NativeRunner:
     @torch.inference_mode()
     def build_graphs(self, progress: Callable[[str], None] = lambda detail: None) -> float:
         """Compile the layer for every decode shape, on a scratch cache (any thread may call this)."""
-        if self.net.compiled_layer is None:
+        if self.net.compiled_stack is None:
             return 0.0
         start = time.perf_counter()
         scratch = SlotKVCache(self.cache.shape, slots=max(r for r, _ in self.compile_shapes()),
                               capacity=64, device=self.device)
+        mark_cache_dynamic(scratch)
         shapes = self.compile_shapes()
         for i, (rows, bf16) in enumerate(shapes, 1):
             progress(f"compiling the decoder layer: decode {rows} row{'s' if rows > 1 else ''}, "
@@ -232,7 +234,8 @@ class NativeRunner:
                 mask = (torch.arange(span, device=self.device)[None, :] <= pos[:, None])[:, None, None, :]
                 plan = AttentionPlan(rows, 0, pos, mask, None, None, None, None)
                 tokens = torch.zeros(rows, dtype=torch.long, device=self.device)
-                self.net.hidden(tokens, pos, plan, scratch, bf16=bf16, compiled=True)
+                with compile_settings():
+                    self.net.hidden(tokens, pos, plan, scratch, bf16=bf16, compiled=True)
         return time.perf_counter() - start
 
     def compile_in_background(self, progress: Callable[[str], None], done: Callable[[float], None]) -> threading.Thread:

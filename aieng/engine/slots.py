@@ -56,7 +56,7 @@ class SlotKVCache:
         self.slots = slots
         self.capacity = capacity  # tokens a row may hold (prompt + generated)
         size = (slots, shape.kv_heads, capacity + 1, shape.head_dim)
-        # Inference tensors: the compiled layer's graphs are built for them (``build_graphs`` runs
+        # Inference tensors: the compiled graphs are built for them (``build_graphs`` runs
         # under inference mode, on a scratch cache), and a tensor's inference-ness is part of a graph.
         # Zeroed, and so claimed, up front: the budget is the process's KV memory from the first
         # second (a host short of it fails at start-up, not under load), and attention, which reads

@@ -47,7 +47,7 @@ def warm_up(engine, progress: Callable[[str], None]) -> float:
         if engine.compiled:
             engine.runner.forward_fn.mark_warm()
         return time.perf_counter() - start
-    if config.compile and engine.runner.net.compiled_layer is not None:
+    if config.compile and engine.runner.net.compiled_stack is not None:
         _compile(engine, progress, start)
     return time.perf_counter() - start
 

@@ -4,6 +4,7 @@ compiled after warm-up whatever the batch does, and a clean fall-back when compi
 Both runners: the native forward compiles one decoder layer (``compiled_engine``), the
 transformers forward the whole model (``compiled_hf_engine``, with its warm/rewarm states)."""
 
+import logging
 import random
 
 import pytest
@@ -148,7 +149,7 @@ def test_native_layer_compile_failure_falls_back_to_eager_and_keeps_serving(demo
     def broken(*args, **kwargs):
         raise torch._dynamo.exc.Unsupported("this layer cannot be traced")
 
-    engine.runner.net.compiled_layer = broken
+    engine.runner.net.compiled_stack = broken
     engine.runner.compiled_ready = True  # as if warm-up had built the graphs
     params = SamplingParams(max_tokens=8, temperature=0)
     got = engine.generate([render(TASKS[1])], params)[0]
@@ -171,3 +172,39 @@ def test_past_its_budget_compilation_goes_on_in_the_background_while_the_engine_
     assert engine.compile_status == "compiled" and engine.compiled
     again = engine.generate([render(TASKS[0])], params)[0]
     assert served.token_ids == again.token_ids
+
+
+class _Records(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.messages: list[str] = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
+def test_the_layer_is_traced_once_and_stamped_out_for_every_other_layer(demo):
+    """Compile time independent of depth: dynamo traces the decoder layer once per graph and reuses
+    that trace for the other layers (torch logs each reuse on its hierarchical_compile channel).
+    A model of its own shape, so no graph another test built is found in dynamo's cache."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    _, tokenizer = demo
+    torch.manual_seed(0)
+    layers = 4
+    config = LlamaConfig(hidden_size=48, intermediate_size=96, num_hidden_layers=layers, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=len(tokenizer), max_position_embeddings=128)
+    engine = Engine(LlamaForCausalLM(config).eval(), tokenizer, config=EngineConfig(compile=True, max_rows=4))
+    records = _Records()
+    channel = logging.getLogger("torch._dynamo.variables.invoke_subgraph")
+    channel.addHandler(records)
+    torch._logging.set_logs(hierarchical_compile=True)
+    try:
+        engine.runner.build_graphs()
+    finally:
+        torch._logging.set_logs()
+        channel.removeHandler(records)
+    graphs = len(engine.runner.compile_shapes())
+    reused = [m for m in records.messages if "subgraph_reuse: cache hit" in m]
+    refused = [m for m in records.messages if "not eligible" in m or "reuse failed" in m]
+    assert refused == [] and len(reused) == graphs * (layers - 1), records.messages
