@@ -159,3 +159,28 @@ def test_the_prefill_budget_follows_the_decode_pace():
     budget.observe(0.040 + 100.0, prompt_tokens=100, decoding=True)  # very slow chunks: never below the floor
     assert budget.tokens(decoding=True) == budget.min_tokens
     assert PrefillBudget(max_tokens=8, decode_s=1.0, token_s=1e-6).tokens(decoding=True) == 8  # nor above the ceiling
+
+
+@pytest.mark.parametrize("fixed_s, token_s, decode_s, want", [
+    (0.005, 0.001, 0.040, 35),  # a real model: per-token cost dominates, a chunk costs about one decode step
+    (0.002, 0.00001, 0.001, 200),  # a tiny model: the fixed part alone exceeds a decode step, so amortise it
+])
+def test_the_prefill_budget_separates_a_chunks_fixed_cost_from_its_cost_per_token(fixed_s, token_s, decode_s, want):
+    from aieng.engine.prefill_budget import PrefillBudget
+
+    budget = PrefillBudget(max_tokens=512, decode_s=decode_s)
+    for tokens in [16, 40, 24, 64, 32, 48] * 4:  # chunk sizes vary, as joining prompts do
+        budget.observe(decode_s + fixed_s + token_s * tokens, prompt_tokens=tokens, decoding=True)
+    fixed, per_token = budget.cost_model()
+    assert fixed == pytest.approx(fixed_s, rel=0.01) and per_token == pytest.approx(token_s, rel=0.01)
+    assert budget.tokens(decoding=True) == pytest.approx(want, abs=1)
+
+
+def test_the_prefill_budget_uses_the_average_until_chunk_sizes_vary():
+    from aieng.engine.prefill_budget import PrefillBudget
+
+    budget = PrefillBudget(max_tokens=512, decode_s=0.040)
+    for _ in range(5):
+        budget.observe(0.040 + 0.005 + 0.001 * 32, prompt_tokens=32, decoding=True)
+    assert budget.cost_model() == (0.0, pytest.approx(0.037 / 32))
+    assert budget.tokens(decoding=True) == int(0.040 / (0.037 / 32))
