@@ -209,11 +209,14 @@ class NativeRunner:
     # -- compilation ---------------------------------------------------------------------------
     def compile_shapes(self) -> list[tuple[int, bool]]:
         """The decode-only graphs serving uses: (rows, bf16) for one row, and for several rows in
-        each format the plan uses (a graph for 2+ rows is dynamic in the row count)."""
+        each format the plan uses. A graph for 2+ rows is dynamic in the row count, so each is
+        built at 2 rows whatever step size its format starts at: the measured plan moves between
+        restarts, and a graph built at the plan's own threshold would miss the compile cache."""
         shapes = [(1, self.formats.use_bf16(1))]
-        for rows in [2] + [count for count, _ in self.formats.bf16_from if count > 2]:
-            if rows <= self.max_rows and all(b != self.formats.use_bf16(rows) for r, b in shapes if r > 1):
-                shapes.append((rows, self.formats.use_bf16(rows)))
+        if self.max_rows >= 2:
+            counts = [2] + [count for count, _ in self.formats.bf16_from if 2 < count <= self.max_rows]
+            for bf16 in dict.fromkeys(self.formats.use_bf16(count) for count in counts):
+                shapes.append((2, bf16))
         return shapes
 
     @torch.inference_mode()

@@ -208,3 +208,18 @@ def test_the_layer_is_traced_once_and_stamped_out_for_every_other_layer(demo):
     reused = [m for m in records.messages if "subgraph_reuse: cache hit" in m]
     refused = [m for m in records.messages if "not eligible" in m or "reuse failed" in m]
     assert refused == [] and len(reused) == graphs * (layers - 1), records.messages
+
+
+@pytest.mark.parametrize("bf16_from, want", [
+    ((), [(1, False), (2, False)]),
+    (((1, False), (8, True)), [(1, False), (2, False), (2, True)]),
+    (((1, False), (16, True)), [(1, False), (2, False), (2, True)]),  # the plan moved: same graphs, cache hits
+    (((1, True),), [(1, True), (2, True)]),
+])
+def test_the_graphs_built_do_not_depend_on_where_the_measured_plan_switches_format(demo, bf16_from, want):
+    from aieng.engine.formats import FormatPlan
+
+    model, tokenizer = demo
+    runner = Engine(model, tokenizer, config=EngineConfig(compile=True)).runner
+    runner.formats = FormatPlan(bf16_from=bf16_from)
+    assert runner.compile_shapes() == want

@@ -77,28 +77,12 @@ def cpu_threads(cores: int, workers: int, weight_bytes: int) -> tuple[int, str]:
     ``cores // workers`` when the model's step is dominated by matrix multiplies (weights of at
     least ``COMPUTE_BOUND_WEIGHT_BYTES``), else the share less the core its Python needs (at least 1).
 
-    Measured for issue #10 on the team's 2-core CPU host, float32, compile off. One engine decode
-    step (``Engine.generate`` of B prompts of 32 tokens: 9 new tokens minus 1, over 8), at
-    ``torch.set_num_threads`` 1 then 2, alternating, median of 5-7 pairs counted only while other
-    processes used < 10% of the CPUs; ms, 1 → 2 threads:
-
-    ==========================  ===================  =====================
-    model (weights)             batch 1              batch 32
-    ==========================  ===================  =====================
-    demo (3 MiB)                1.54 → 1.44 (×1.07)  4.96 → 4.04 (×1.23)
-    h384 × 8 layers (49 MiB)    5.71 → 4.18 (×1.37)  21.5 → 18.0 (×1.20)
-    h576 × 12 layers (163 MiB)  18.3 → 13.2 (×1.38)  60.2 → 47.0 (×1.28)
-    smollm2-135m (406 MiB)      56.3 → 38.6 (×1.46)  171 → 115 (×1.48)
-    ==========================  ===================  =====================
-
-    Per token at batch 32 the second thread saves 29 µs (demo), 110 µs (49 MiB), 412 µs
-    (163 MiB), 1.7 ms (406 MiB). The Python each token costs outside the step is 45-134 µs (the
-    demo served at 32 clients with one thread: 3,465-4,977 tok/s, against 6,458 for the engine's
-    step alone). The two meet near 50 MiB; hence 64 MiB. Served (issue #10, 32 clients, eager): the 100M model
-    gives 103 tok/s at one thread and 123 at two. On a shared host the rule does not hold: with
-    other work on the cores (load 3-6), ``aieng bench serve`` at 32 clients, alternating, gave
-    one thread 1,227-1,390 tok/s against 835-975 for two (49 MiB) and 115-153 against 92-114
-    (406 MiB).
+    Why the threshold: a second torch thread shortens a step by an amount that grows with the
+    weights, while the event loop's Python per token stays the same. Measured per model size
+    (engine decode steps at 1 and 2 threads, alternated; the table is in issue #10's note), the
+    two meet near 50 MiB of fp32 weights, hence ``COMPUTE_BOUND_WEIGHT_BYTES``. On a host whose
+    cores are busy with other work the extra thread can lose instead: ``--torch-threads`` (or
+    ``AIENG_TORCH_THREADS``) overrides the rule.
     """
     share = max(1, cores // workers)
     mib = weight_bytes / 2**20
