@@ -217,7 +217,11 @@ class NativeLlama:
         # Static by default (weights, hidden size); the step's row count and attention span, and the
         # cache's slot count and capacity, are marked dynamic (``mark_step_dynamic``,
         # ``mark_cache_dynamic``) so one graph serves every batch of 2+ rows.
-        self.compiled_stack = torch.compile(_own_copy(run_layers), dynamic=None) if compile_layers else None
+        # size_asserts off: inductor's Python wrapper would check every buffer's size and stride on
+        # every call (dozens per layer per step); the graph's inputs are already checked by dynamo's
+        # guards and everything inside is inductor's own layout.
+        self.compiled_stack = (torch.compile(_own_copy(run_layers), dynamic=None, options={"size_asserts": False})
+                               if compile_layers else None)
 
     @property
     def num_layers(self) -> int:
