@@ -32,13 +32,12 @@ transformers forward (``hf_runner``).
 
 from __future__ import annotations
 
-import contextlib
-import itertools
-import types
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from aieng.engine.compile_marks import mark_step_dynamic, own_copy
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 
@@ -208,6 +207,7 @@ class NativeLlama:
         self.dims = Dims(config.num_attention_heads, config.num_key_value_heads, head_dim, config.rms_norm_eps)
         self.embed = inner.embed_tokens
         self.rotary = inner.rotary_emb
+        self._rotary_table: tuple[torch.Tensor, torch.Tensor] | None = None  # build_rotary_table
         self.final_norm = inner.norm.weight
         self.final_eps = getattr(inner.norm, "variance_epsilon", config.rms_norm_eps)
         self.lm_head = model.lm_head.weight
@@ -220,7 +220,7 @@ class NativeLlama:
         # size_asserts off: inductor's Python wrapper would check every buffer's size and stride on
         # every call (dozens per layer per step); the graph's inputs are already checked by dynamo's
         # guards and everything inside is inductor's own layout.
-        self.compiled_stack = (torch.compile(_own_copy(run_layers), dynamic=None, options={"size_asserts": False})
+        self.compiled_stack = (torch.compile(own_copy(run_layers), dynamic=None, options={"size_asserts": False})
                                if compile_layers else None)
 
     @property
@@ -234,8 +234,7 @@ class NativeLlama:
                bf16: bool, compiled: bool) -> torch.Tensor:
         """Run every layer over the flat tokens [N] at positions [N]; the final hidden states [N, D]."""
         x = self.embed(tokens)
-        cos, sin = self.rotary(x[None], positions[None])
-        cos, sin = cos[0, :, None, :], sin[0, :, None, :]
+        cos, sin = self.rotary_at(x, positions)
         layers = self.weights(bf16)
         if compiled and self.compiled_stack is not None:
             mark_step_dynamic(x, cos, sin, plan)
@@ -244,49 +243,28 @@ class NativeLlama:
             x = decoder_layer(x, cos, sin, w, self.dims, cache.keys[i], cache.values[i], plan)
         return x
 
+    def rotary_at(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin [N, 1, d] at ``positions``: rows of the table when there is one, else the
+        model's rotary module (whose forward costs a few kernels per step: a large share of a
+        small model's step)."""
+        if self._rotary_table is not None and positions.numel() and int(positions.max()) < self._rotary_table[0].shape[0]:
+            return self._rotary_table[0][positions], self._rotary_table[1][positions]
+        cos, sin = self.rotary(x[None], positions[None])
+        return cos[0, :, None, :], sin[0, :, None, :]
+
+    def build_rotary_table(self, positions: int) -> None:
+        """Precompute cos/sin for positions ``0..positions-1`` with the model's own rotary module.
+        Not for rotary types whose frequencies depend on the sequence's length (dynamic NTK,
+        longrope): those keep computing per step."""
+        if getattr(self.rotary, "rope_type", "default") in ("dynamic", "longrope"):
+            return
+        with torch.inference_mode():
+            probe = torch.zeros(1, 1, dtype=self.dtype, device=self.lm_head.device)
+            cos, sin = self.rotary(probe, torch.arange(positions, device=probe.device)[None])
+        self._rotary_table = (cos[0, :, None, :].contiguous(), sin[0, :, None, :].contiguous())
+
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return F.linear(rms_norm(hidden, self.final_norm, self.final_eps), self.lm_head).float()
-
-
-def _own_copy(fn):
-    """``fn`` with a code object of its own. Dynamo keeps compiled graphs, their recompile limit and
-    its record of which sizes have changed per code object: shared, a second model in the process
-    (a hot-swapped version, a test) would count against the first's limit and turn the sizes that
-    differ between the two (the weights') symbolic."""
-    code = fn.__code__.replace(co_name=f"{fn.__name__}_{next(_copies)}")
-    return types.FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__)
-
-
-_copies = itertools.count()
-
-
-@contextlib.contextmanager
-def compile_settings():
-    """Wrap the calls that build the graphs (warm-up): only what ``mark_*_dynamic`` marks is
-    dynamic (no automatic dynamic), and no duck shaping (a row count that happens to equal the slot
-    count while compiling must not become a guard later steps fail). Compile-time only: patching
-    torch's config around every step costs milliseconds."""
-    with torch._dynamo.config.patch(automatic_dynamic_shapes=False), \
-            torch.fx.experimental._config.patch(use_duck_shape=False):
-        yield
-
-
-def mark_step_dynamic(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, plan: AttentionPlan) -> None:
-    """Mark the row count and attention span dynamic (one row stays a graph of its own: torch
-    specialises sizes 0 and 1)."""
-    if x.shape[0] >= 2:
-        for t in (x, cos, sin, plan.decode_pos, plan.decode_mask):
-            if t is not None:
-                torch._dynamo.mark_dynamic(t, 0)
-    if plan.decode_mask is not None and plan.decode_mask.shape[-1] >= 2:
-        torch._dynamo.mark_dynamic(plan.decode_mask, 3)
-
-
-def mark_cache_dynamic(cache) -> None:
-    """Slots and capacity vary between the warm-up's scratch cache and the serving cache."""
-    for t in cache.keys + cache.values:
-        torch._dynamo.mark_dynamic(t, 0)
-        torch._dynamo.mark_dynamic(t, 2)
 
 
 def _fuse(modules, attribute: str) -> torch.Tensor | None:

@@ -16,7 +16,8 @@ from collections.abc import Callable, Sequence
 import torch
 
 from aieng.engine.formats import FormatPlan
-from aieng.engine.native_llama import AttentionPlan, NativeLlama, compile_settings, mark_cache_dynamic
+from aieng.engine.compile_marks import compile_settings, mark_cache_dynamic
+from aieng.engine.native_llama import AttentionPlan, NativeLlama
 from aieng.engine.oom import is_out_of_memory, release_cached_memory
 from aieng.engine.runner import Chunk, StepLogits
 from aieng.engine.slots import SlotKVCache, SlotShape, plan_slots
@@ -31,6 +32,7 @@ class NativeRunner:
                  prefill_chunk_tokens: int, formats: FormatPlan, compile_layers: bool):
         self.device = next(model.parameters()).device
         self.net = NativeLlama(model, bf16_copy=formats.uses_bf16, compile_layers=compile_layers)
+        self.net.build_rotary_table(context_length)
         dims = self.net.dims
         shape = SlotShape(self.net.num_layers, dims.kv_heads, dims.head_dim, self.net.dtype)
         rows = plan_slots(shape, budget_bytes=kv_cache_bytes, capacity=context_length, max_rows=max_rows)

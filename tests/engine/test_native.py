@@ -184,3 +184,23 @@ def test_the_prefill_budget_uses_the_average_until_chunk_sizes_vary():
         budget.observe(0.040 + 0.005 + 0.001 * 32, prompt_tokens=32, decoding=True)
     assert budget.cost_model() == (0.0, pytest.approx(0.037 / 32))
     assert budget.tokens(decoding=True) == int(0.040 / (0.037 / 32))
+
+
+def test_rotary_comes_from_a_table_except_for_length_dependent_types(tiny):
+    """The table holds exactly what the model's rotary module computes; rotary types whose
+    frequencies depend on the sequence length (dynamic NTK, longrope) keep computing per step."""
+    model, tokenizer = tiny
+    net = Engine(model, tokenizer, config=EngineConfig(compile=False)).runner.net
+    positions = torch.tensor([0, 5, 17, 3])
+    x = torch.zeros(4, model.config.hidden_size)
+    cos, sin = net.rotary_at(x, positions)
+    want_cos, want_sin = net.rotary(x[None], positions[None])
+    assert net._rotary_table is not None
+    assert torch.equal(cos, want_cos[0, :, None, :]) and torch.equal(sin, want_sin[0, :, None, :])
+    net._rotary_table = None
+    net.rotary.rope_type = "dynamic"
+    try:
+        net.build_rotary_table(64)
+        assert net._rotary_table is None
+    finally:
+        net.rotary.rope_type = "default"
