@@ -87,8 +87,7 @@ class Engine:
                                   _head_dim(self.model.config), next(self.model.parameters()).dtype).bytes_per_token()
             budget = config.kv_cache_bytes or per_token * (self.context_length + 1) * config.max_rows
             return NativeRunner(self.model, context_length=self.context_length, max_rows=config.max_rows,
-                                kv_cache_bytes=budget, prefill_chunk_tokens=config.prefill_chunk_tokens,
-                                formats=formats, compile_layers=config.compile)
+                                kv_cache_bytes=budget, formats=formats, compile_layers=config.compile)
         log.info("serving with the transformers forward: %s", why_not, extra={"event": "engine_runner"})
         runner = HFRunner(self.model, pad_id=self.pad_id, max_rows=config.max_rows,
                           compile=config.compile)

@@ -247,14 +247,14 @@ class NativeLlama:
         """cos and sin [N, 1, d] at ``positions``: rows of the table when there is one, else the
         model's rotary module (whose forward costs a few kernels per step: a large share of a
         small model's step)."""
-        if self._rotary_table is not None and positions.numel() and int(positions.max()) < self._rotary_table[0].shape[0]:
+        if self._rotary_table is not None:
             return self._rotary_table[0][positions], self._rotary_table[1][positions]
         cos, sin = self.rotary(x[None], positions[None])
         return cos[0, :, None, :], sin[0, :, None, :]
 
     def build_rotary_table(self, positions: int) -> None:
-        """Precompute cos/sin for positions ``0..positions-1`` with the model's own rotary module.
-        Not for rotary types whose frequencies depend on the sequence's length (dynamic NTK,
+        """Precompute cos/sin for positions ``0..positions-1`` with the model's own rotary module
+        (the runner passes its cache capacity: no position it writes reaches it). Not for rotary types whose frequencies depend on the sequence's length (dynamic NTK,
         longrope): those keep computing per step."""
         if getattr(self.rotary, "rope_type", "default") in ("dynamic", "longrope"):
             return

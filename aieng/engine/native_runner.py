@@ -29,16 +29,15 @@ class NativeRunner:
     chunked = True
 
     def __init__(self, model, *, context_length: int, max_rows: int, kv_cache_bytes: int,
-                 prefill_chunk_tokens: int, formats: FormatPlan, compile_layers: bool):
+                 formats: FormatPlan, compile_layers: bool):
         self.device = next(model.parameters()).device
         self.net = NativeLlama(model, bf16_copy=formats.uses_bf16, compile_layers=compile_layers)
-        self.net.build_rotary_table(context_length)
+        self.net.build_rotary_table(context_length + 1)  # + the scratch column
         dims = self.net.dims
         shape = SlotShape(self.net.num_layers, dims.kv_heads, dims.head_dim, self.net.dtype)
         rows = plan_slots(shape, budget_bytes=kv_cache_bytes, capacity=context_length, max_rows=max_rows)
         self.cache = SlotKVCache(shape, slots=rows, capacity=context_length, device=self.device)
         mark_cache_dynamic(self.cache)
-        self.chunk_tokens = prefill_chunk_tokens
         self.formats = formats
         # Decode-only steps use the compiled stack when this is True. Without a warm-up the first
         # decode compiles inline (the cold start notebook 03 shows); ``warmup`` clears it while
@@ -227,10 +226,9 @@ class NativeRunner:
         if self.net.compiled_stack is None:
             return 0.0
         start = time.perf_counter()
-        scratch = SlotKVCache(self.cache.shape, slots=max(r for r, _ in self.compile_shapes()),
-                              capacity=64, device=self.device)
-        mark_cache_dynamic(scratch)
         shapes = self.compile_shapes()
+        scratch = SlotKVCache(self.cache.shape, slots=max(r for r, _ in shapes), capacity=64, device=self.device)
+        mark_cache_dynamic(scratch)
         for i, (rows, bf16) in enumerate(shapes, 1):
             progress(f"compiling the decoder layer: decode {rows} row{'s' if rows > 1 else ''}, "
                      f"{'bf16' if bf16 else 'fp32'} weights ({i}/{len(shapes)})")
