@@ -10,8 +10,10 @@ property of the machine, so the engine measures it.
 ``measure_format_plan`` times one decoder layer's matrices at 1..64 tokens in both formats (about
 a second, runs interleaved, medians) and returns a ``FormatPlan``: for each measured token count,
 the faster format; a step uses the plan's choice for the largest measured count not above its own
-token count. The engine keeps a bf16 copy of the layers only when the plan uses bf16 somewhere
-(it costs half the fp32 weights' memory). Quality: ``aieng eval --dtype bfloat16`` records the
+token count. Those eager timings say nothing about the compiled one-row step, whose
+matrix-vector kernel inductor generates (``native_llama.streamed_matvec``): the runner times
+that graph in both formats when it builds it. The engine keeps a bf16 copy of the layers only
+while some step may use it (it costs half the fp32 weights' memory). Quality: ``aieng eval --dtype bfloat16`` records the
 accuracy of bf16 weights beside fp32 in the manifest.
 """
 
@@ -34,9 +36,12 @@ TOKEN_COUNTS = (1, 2, 4, 8, 16, 32, 64)
 
 @dataclass(frozen=True)
 class FormatPlan:
-    """``bf16_from``: (token count, use bf16) from that count up, ascending; empty = fp32 always."""
+    """``bf16_from``: (token count, use bf16) from that count up, ascending; empty = fp32 always.
+    ``measured``: chosen by measurement (``auto``) with room for a bf16 copy, so the compiled
+    one-row graph may time both formats for itself (``NativeRunner.build_graphs``)."""
 
     bf16_from: tuple[tuple[int, bool], ...] = ()
+    measured: bool = False
 
     @classmethod
     def fixed(cls, bf16: bool) -> "FormatPlan":
@@ -53,6 +58,11 @@ class FormatPlan:
     @property
     def uses_bf16(self) -> bool:
         return any(bf16 for _, bf16 in self.bf16_from)
+
+    @property
+    def may_use_bf16(self) -> bool:
+        """Whether the engine needs a bf16 copy of the layers (at least until the graphs are built)."""
+        return self.uses_bf16 or self.measured
 
     def describe(self) -> str:
         if not self.uses_bf16:
@@ -93,7 +103,7 @@ def measure_format_plan(model, *, repeats: int = 5) -> FormatPlan:
             fp32_s, bf16_s = _time_pair(matrices, halves, tokens, repeats)
             timings[tokens] = (round(fp32_s * 1e6), round(bf16_s * 1e6))
             plan.append((tokens, bf16_s < 0.95 * fp32_s))  # bf16 must win clearly: it costs accuracy
-    result = FormatPlan(tuple(plan))
+    result = FormatPlan(tuple(plan), measured=True)
     log.info("weight formats: %s (one layer's matrices, µs fp32/bf16 by tokens: %s)", result.describe(), timings,
              extra={"event": "engine_weight_formats", "plan": result.describe()})
     return result

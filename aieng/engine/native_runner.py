@@ -9,6 +9,7 @@ built (at warm-up, or in the background when compilation would exceed its budget
 from __future__ import annotations
 
 import logging
+import statistics
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -31,7 +32,7 @@ class NativeRunner:
     def __init__(self, model, *, context_length: int, max_rows: int, kv_cache_bytes: int,
                  formats: FormatPlan, compile_layers: bool):
         self.device = next(model.parameters()).device
-        self.net = NativeLlama(model, bf16_copy=formats.uses_bf16, compile_layers=compile_layers)
+        self.net = NativeLlama(model, bf16_copy=formats.may_use_bf16, compile_layers=compile_layers)
         self.net.build_rotary_table(context_length + 1)  # + the scratch column
         dims = self.net.dims
         shape = SlotShape(self.net.num_layers, dims.kv_heads, dims.head_dim, self.net.dtype)
@@ -39,6 +40,7 @@ class NativeRunner:
         self.cache = SlotKVCache(shape, slots=rows, capacity=context_length, device=self.device)
         mark_cache_dynamic(self.cache)
         self.formats = formats
+        self.timed_one_row_bf16: bool | None = None  # what build_graphs measured, when it did
         # Decode-only steps use the compiled stack when this is True. Without a warm-up the first
         # decode compiles inline (the cold start notebook 03 shows); ``warmup`` clears it while
         # it runs the shapes eagerly and sets it again when the graphs are built.
@@ -51,6 +53,11 @@ class NativeRunner:
     @property
     def max_rows(self) -> int:
         return self.cache.slots
+
+    @property
+    def one_row_bf16(self) -> bool:
+        """The compiled one-row step's format: as build_graphs timed it, else the eager plan's."""
+        return self.formats.use_bf16(1) if self.timed_one_row_bf16 is None else self.timed_one_row_bf16
 
     @property
     def compiled(self) -> bool:
@@ -161,8 +168,8 @@ class NativeRunner:
         positions = torch.tensor([p for part in position_lists for p in part], dtype=torch.long, device=device)
         plan = AttentionPlan(b, first, decode_pos, decode_mask, prefill.get("slots"), prefill.get("pos"),
                              prefill.get("write"), prefill.get("mask"))
-        bf16 = self.formats.use_bf16(len(tokens))
         use_compiled = self.compiled and not chunks and first == 0
+        bf16 = self.one_row_bf16 if use_compiled and len(tokens) == 1 else self.formats.use_bf16(len(tokens))
         hidden = self._layers(tokens, positions, plan, bf16=bf16, compiled=use_compiled)
         # Only now, with the forward done, do the rows' lengths move: a failed call changes nothing.
         for slot in range(first, first + b):
@@ -213,7 +220,10 @@ class NativeRunner:
         each format the plan uses. A graph for 2+ rows is dynamic in the row count, so each is
         built at 2 rows whatever step size its format starts at: the measured plan moves between
         restarts, and a graph built at the plan's own threshold would miss the compile cache."""
-        shapes = [(1, self.formats.use_bf16(1))]
+        if self.formats.measured and self.net.layers_bf16 is not None:
+            shapes = [(1, False), (1, True)]  # build_graphs times both and keeps the faster
+        else:
+            shapes = [(1, self.one_row_bf16)]
         if self.max_rows >= 2:
             counts = [2] + [count for count, _ in self.formats.bf16_from if 2 < count <= self.max_rows]
             for bf16 in dict.fromkeys(self.formats.use_bf16(count) for count in counts):
@@ -239,7 +249,33 @@ class NativeRunner:
                 tokens = torch.zeros(rows, dtype=torch.long, device=self.device)
                 with compile_settings():
                     self.net.hidden(tokens, pos, plan, scratch, bf16=bf16, compiled=True)
+        if (1, False) in shapes and (1, True) in shapes:
+            self.timed_one_row_bf16 = self._faster_one_row_format(scratch)
+        if not self.one_row_bf16 and not self.formats.uses_bf16:
+            self.net.layers_bf16 = None  # no step uses the copy: give its memory back
         return time.perf_counter() - start
+
+    def _faster_one_row_format(self, scratch: SlotKVCache, *, rounds: int = 5, steps: int = 5) -> bool:
+        """Time the compiled one-row step in fp32 and bf16 (rounds interleaved, medians): whether
+        bf16 wins clearly (it costs accuracy, so 5% is the bar, as in ``measure_format_plan``)."""
+        pos = torch.full((1,), 5, device=self.device)
+        mask = (torch.arange(6, device=self.device)[None, :] <= pos[:, None])[:, None, None, :]
+        plan = AttentionPlan(1, 0, pos, mask, None, None, None, None)
+        tokens = torch.zeros(1, dtype=torch.long, device=self.device)
+        runs: dict[bool, list[float]] = {False: [], True: []}
+        for _ in range(rounds):
+            for bf16 in runs:
+                start = time.perf_counter()
+                for _ in range(steps):
+                    self.net.hidden(tokens, pos, plan, scratch, bf16=bf16, compiled=True)
+                runs[bf16].append((time.perf_counter() - start) / steps)
+        fp32_s, bf16_s = statistics.median(runs[False]), statistics.median(runs[True])
+        choice = bf16_s < 0.95 * fp32_s
+        log.info("compiled one-row step: %s weights (%.2f ms fp32, %.2f ms bf16)", "bf16" if choice else "fp32",
+                 fp32_s * 1e3, bf16_s * 1e3,
+                 extra={"event": "engine_weight_formats", "one_row": "bf16" if choice else "fp32",
+                        "fp32_ms": round(fp32_s * 1e3, 3), "bf16_ms": round(bf16_s * 1e3, 3)})
+        return choice
 
     def compile_in_background(self, progress: Callable[[str], None], done: Callable[[float], None]) -> threading.Thread:
         """Build the graphs on another thread; the engine serves eagerly until they are ready."""

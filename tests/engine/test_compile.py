@@ -223,3 +223,40 @@ def test_the_graphs_built_do_not_depend_on_where_the_measured_plan_switches_form
     runner = Engine(model, tokenizer, config=EngineConfig(compile=True)).runner
     runner.formats = FormatPlan(bf16_from=bf16_from)
     assert runner.compile_shapes() == want
+
+
+def test_a_measured_plan_times_the_compiled_one_row_step_in_both_formats(demo, caplog):
+    """The eager plan's timings say nothing about the compiled one-row kernel inductor generates:
+    with ``auto`` both one-row graphs are built and timed, and the faster one serves."""
+    model, tokenizer = demo
+    engine = Engine(model, tokenizer, config=EngineConfig(compile=True, weight_formats="auto"))
+    runner = engine.runner
+    assert runner.formats.measured and {(1, False), (1, True)} <= set(runner.compile_shapes())
+    with caplog.at_level(logging.INFO, logger="aieng.engine"):
+        engine.warmup()
+    timed = [r for r in caplog.records if getattr(r, "one_row", None)]
+    assert runner.timed_one_row_bf16 is not None and len(timed) == 1
+    assert timed[0].one_row == ("bf16" if runner.one_row_bf16 else "fp32") and timed[0].fp32_ms > 0
+    # The bf16 copy is dropped once no step can use it.
+    assert (runner.net.layers_bf16 is None) == (not runner.one_row_bf16 and not runner.formats.uses_bf16)
+
+
+def test_a_fixed_format_builds_one_graph_for_one_row_and_times_nothing(demo):
+    model, tokenizer = demo
+    runner = Engine(model, tokenizer, config=EngineConfig(compile=True, weight_formats="float32")).runner
+    assert runner.net.layers_bf16 is None and [s for s in runner.compile_shapes() if s[0] == 1] == [(1, False)]
+    runner.build_graphs()
+    assert runner.timed_one_row_bf16 is None and runner.one_row_bf16 is False
+
+
+@pytest.mark.parametrize("rows", [24, 6, 7])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_compiled_one_row_product_matches_the_exact_product_without_rounding_the_input(rows, dtype):
+    from aieng.engine.native_llama import linear
+
+    torch.manual_seed(0)
+    x, weight = torch.randn(1, 48), torch.randn(rows, 48).to(dtype)
+    got = torch.compile(linear, fullgraph=True, dynamic=False)(x, weight)
+    exact = x.double() @ weight.double().T  # bf16 weights widen exactly; the input stays fp32
+    assert got.shape == (1, rows) and got.dtype == torch.float32
+    assert torch.allclose(got.double(), exact, atol=1e-4, rtol=1e-5)
