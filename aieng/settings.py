@@ -56,7 +56,7 @@ class Settings:
     compile: bool = _setting(True, "torch.compile the decoder layer (other models: the whole forward) at warm-up "
                                    "(0 = eager, fast start); "
                                    "`aieng bench engine` measures the gain, notebook 03 the cost")
-    compile_budget_s: float = _setting(60.0, "warm-up waits at most this long for compilation, then the server is "
+    compile_budget_s: float = _setting(15.0, "warm-up waits at most this long for compilation, then the server is "
                                              "ready and serves eagerly until the compiled graphs are built")
     compile_cache_dir: Path = _setting(lambda: Path("var/compile-cache"),
                                        "torch.compile's on-disk caches (inductor, FX graph, AOTAutograd), kept "

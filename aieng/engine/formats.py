@@ -4,17 +4,21 @@ A decode step at batch 1 reads every weight once for little arithmetic: it is bo
 the weights stream from memory, where bf16 (half the bytes) can win. At batch 32 it is bound by
 arithmetic, where the winner depends on the CPU: without bf16 matrix units (AVX2) bf16 matrix
 multiplies are far slower than fp32, while a CPU with AMX runs bf16 faster than fp32 at batch 32
-and can lose at batch 1 (the realistic-shape issue's notes have both measurements). No single format wins everywhere, and which wins where is a
-property of the machine, so the engine measures it.
+and can lose at batch 1 (the realistic-shape issue's notes have both measurements). No single
+format wins everywhere, and which wins where is a property of the machine, so the engine
+measures it.
 
-``measure_format_plan`` times one decoder layer's matrices at 1..64 tokens in both formats (about
-a second, runs interleaved, medians) and returns a ``FormatPlan``: for each measured token count,
-the faster format; a step uses the plan's choice for the largest measured count not above its own
-token count. Those eager timings say nothing about the compiled one-row step, whose
-matrix-vector kernel inductor generates (``native_llama.streamed_matvec``): the runner times
-that graph in both formats when it builds it. The engine keeps a bf16 copy of the layers only
-while some step may use it (it costs half the fp32 weights' memory). Quality: ``aieng eval --dtype bfloat16`` records the
-accuracy of bf16 weights beside fp32 in the manifest.
+``measure_format_plan`` times the decoder layers' matrices at 1..64 tokens in both formats (runs
+interleaved, medians): over the layers in turn up to 8 tokens, where a step waits on memory and
+one layer alone would be served from the cache, and one layer above, where arithmetic decides. It
+returns a ``FormatPlan``: for each measured token count, the faster format; a step uses the
+plan's choice for the largest measured count not above its own token count.
+
+Those eager timings say nothing about the compiled one-row step, whose matrix-vector kernel
+inductor generates (``native_llama.streamed_matvec``): the runner times that graph in both
+formats when it builds it. The engine keeps a bf16 copy of the layers only while some step may
+use it (it costs half the fp32 weights' memory). Quality: ``aieng eval --dtype bfloat16`` records
+the accuracy of bf16 weights beside fp32 in the manifest.
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ import torch.nn.functional as F
 log = logging.getLogger("aieng.engine")
 
 TOKEN_COUNTS = (1, 2, 4, 8, 16, 32, 64)
+STREAMED_TOKENS = 8  # up to here a step is bound by memory bandwidth (measured over many layers)
+STREAMED_BYTES = 1 << 30  # fp32 bytes of matrices timed for those counts: beyond any CPU cache
 
 
 @dataclass(frozen=True)
@@ -87,26 +93,48 @@ def measure_format_plan(model, *, repeats: int = 5) -> FormatPlan:
     weight = next(model.parameters())
     if weight.device.type != "cpu" or weight.dtype != torch.float32:
         return FormatPlan()  # on a GPU, or already in a reduced precision: one format
-    layer = model.model.layers[0]
-    matrices = [m.weight.detach() for m in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj,
-                                            layer.self_attn.o_proj, layer.mlp.gate_proj, layer.mlp.up_proj,
-                                            layer.mlp.down_proj)]
     copy_bytes = sum(p.numel() for p in model.parameters()) * 2
     if copy_bytes > psutil.virtual_memory().available * 0.5:
         log.info("no bf16 weight copy: it would take %.0f MiB of %.0f MiB available", copy_bytes / 2**20,
                  psutil.virtual_memory().available / 2**20, extra={"event": "engine_weight_formats"})
         return FormatPlan()
-    halves = [m.to(torch.bfloat16) for m in matrices]
+    # Up to STREAMED_TOKENS a step is bound by how fast the weights arrive, and one layer's matrices
+    # would sit in the last-level cache (300 MiB on this project's CPU) where fp32 looks as cheap
+    # as bf16: those counts are timed over the layers in turn, as a step reads them. Above it the
+    # arithmetic decides, and one layer is enough.
+    streamed = _streamed_matrices(model.model.layers)
+    one_layer = streamed[:len(_layer_matrices(model.model.layers[0]))]
     timings, plan = {}, []
     with torch.inference_mode():
+        halves = {id(m): m.to(torch.bfloat16) for m in streamed}
         for tokens in TOKEN_COUNTS:
-            fp32_s, bf16_s = _time_pair(matrices, halves, tokens, repeats)
+            matrices = streamed if tokens <= STREAMED_TOKENS else one_layer
+            fp32_s, bf16_s = _time_pair(matrices, [halves[id(m)] for m in matrices], tokens, repeats)
             timings[tokens] = (round(fp32_s * 1e6), round(bf16_s * 1e6))
             plan.append((tokens, bf16_s < 0.95 * fp32_s))  # bf16 must win clearly: it costs accuracy
     result = FormatPlan(tuple(plan), measured=True)
-    log.info("weight formats: %s (one layer's matrices, µs fp32/bf16 by tokens: %s)", result.describe(), timings,
+    log.info("weight formats: %s (µs fp32/bf16 by tokens, %d layers' matrices up to %d tokens, one layer's above: %s)",
+             result.describe(), len(streamed) // len(one_layer), STREAMED_TOKENS, timings,
              extra={"event": "engine_weight_formats", "plan": result.describe()})
     return result
+
+
+def _layer_matrices(layer) -> list[torch.Tensor]:
+    return [m.weight.detach() for m in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj,
+                                        layer.self_attn.o_proj, layer.mlp.gate_proj, layer.mlp.up_proj,
+                                        layer.mlp.down_proj)]
+
+
+def _streamed_matrices(layers) -> list[torch.Tensor]:
+    """The layers' matrices in order, up to STREAMED_BYTES of fp32 (at least one layer)."""
+    matrices, total = [], 0
+    for layer in layers:
+        own = _layer_matrices(layer)
+        if matrices and total + sum(m.numel() * 4 for m in own) > STREAMED_BYTES:
+            break
+        matrices += own
+        total += sum(m.numel() * 4 for m in own)
+    return matrices
 
 
 def _time_pair(fp32: list[torch.Tensor], bf16: list[torch.Tensor], tokens: int, repeats: int) -> tuple[float, float]:
