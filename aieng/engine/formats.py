@@ -27,6 +27,7 @@ import contextlib
 import logging
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import psutil
@@ -65,11 +66,6 @@ class FormatPlan:
     def uses_bf16(self) -> bool:
         return any(bf16 for _, bf16 in self.bf16_from)
 
-    @property
-    def may_use_bf16(self) -> bool:
-        """Whether the engine needs a bf16 copy of the layers (at least until the graphs are built)."""
-        return self.uses_bf16 or self.measured
-
     def describe(self) -> str:
         if not self.uses_bf16:
             return "fp32 weights for every step"
@@ -102,21 +98,40 @@ def measure_format_plan(model, *, repeats: int = 5) -> FormatPlan:
     # would sit in the last-level cache (300 MiB on this project's CPU) where fp32 looks as cheap
     # as bf16: those counts are timed over the layers in turn, as a step reads them. Above it the
     # arithmetic decides, and one layer is enough.
-    streamed = _streamed_matrices(model.model.layers)
-    one_layer = streamed[:len(_layer_matrices(model.model.layers[0]))]
+    per_layer = [_layer_matrices(layer) for layer in model.model.layers]
+    layer_bytes = sum(m.numel() * m.element_size() for m in per_layer[0])
+    streamed_layers = max(1, min(len(per_layer), STREAMED_BYTES // layer_bytes))
+    fp32 = [m for matrices in per_layer[:streamed_layers] for m in matrices]
     timings, plan = {}, []
     with torch.inference_mode():
-        halves = {id(m): m.to(torch.bfloat16) for m in streamed}
+        bf16 = [m.to(torch.bfloat16) for m in fp32]
         for tokens in TOKEN_COUNTS:
-            matrices = streamed if tokens <= STREAMED_TOKENS else one_layer
-            fp32_s, bf16_s = _time_pair(matrices, [halves[id(m)] for m in matrices], tokens, repeats)
+            count = len(fp32) if tokens <= STREAMED_TOKENS else len(per_layer[0])
+            fp32_s, bf16_s = _time_pair(fp32[:count], bf16[:count], tokens, repeats)
             timings[tokens] = (round(fp32_s * 1e6), round(bf16_s * 1e6))
-            plan.append((tokens, bf16_s < 0.95 * fp32_s))  # bf16 must win clearly: it costs accuracy
+            plan.append((tokens, bf16_wins(fp32_s, bf16_s)))
     result = FormatPlan(tuple(plan), measured=True)
     log.info("weight formats: %s (µs fp32/bf16 by tokens, %d layers' matrices up to %d tokens, one layer's above: %s)",
-             result.describe(), len(streamed) // len(one_layer), STREAMED_TOKENS, timings,
+             result.describe(), streamed_layers, STREAMED_TOKENS, timings,
              extra={"event": "engine_weight_formats", "plan": result.describe()})
     return result
+
+
+def bf16_wins(fp32_s: float, bf16_s: float) -> bool:
+    """bf16 must win clearly (by 5%): it costs accuracy."""
+    return bf16_s < 0.95 * fp32_s
+
+
+def interleaved_medians(fp32_run: Callable[[], object], bf16_run: Callable[[], object], rounds: int) -> tuple[float, float]:
+    """Median seconds of each run over ``rounds`` alternating pairs, after one pair that warms the
+    kernels up and is dropped (alternating, so a machine that drifts mid-way biases neither)."""
+    times: tuple[list[float], list[float]] = ([], [])
+    for _ in range(rounds + 1):
+        for run, runs in ((fp32_run, times[0]), (bf16_run, times[1])):
+            start = time.perf_counter()
+            run()
+            runs.append(time.perf_counter() - start)
+    return statistics.median(times[0][1:]), statistics.median(times[1][1:])
 
 
 def _layer_matrices(layer) -> list[torch.Tensor]:
@@ -125,29 +140,14 @@ def _layer_matrices(layer) -> list[torch.Tensor]:
                                         layer.mlp.down_proj)]
 
 
-def _streamed_matrices(layers) -> list[torch.Tensor]:
-    """The layers' matrices in order, up to STREAMED_BYTES of fp32 (at least one layer)."""
-    matrices, total = [], 0
-    for layer in layers:
-        own = _layer_matrices(layer)
-        if matrices and total + sum(m.numel() * 4 for m in own) > STREAMED_BYTES:
-            break
-        matrices += own
-        total += sum(m.numel() * 4 for m in own)
-    return matrices
-
-
 def _time_pair(fp32: list[torch.Tensor], bf16: list[torch.Tensor], tokens: int, repeats: int) -> tuple[float, float]:
-    """Median seconds of all the matrices at ``tokens`` rows, fp32 and bf16, runs interleaved."""
+    """Median seconds of all the matrices at ``tokens`` rows, fp32 and bf16."""
     x32 = {w.shape[1]: torch.randn(tokens, w.shape[1]) for w in fp32}
-    runs32, runs16 = [], []
-    for _ in range(repeats + 1):  # the first pair warms the kernels up and is dropped
-        for weights, runs in ((fp32, runs32), (bf16, runs16)):
-            start = time.perf_counter()
-            for w in weights:
-                F.linear(x32[w.shape[1]].to(w.dtype), w).float()
-            runs.append(time.perf_counter() - start)
-    return statistics.median(runs32[1:]), statistics.median(runs16[1:])
+
+    def run(weights):
+        return lambda: [F.linear(x32[w.shape[1]].to(w.dtype), w).float() for w in weights]
+
+    return interleaved_medians(run(fp32), run(bf16), repeats)
 
 
 @contextlib.contextmanager

@@ -129,6 +129,11 @@ def _flat_decoder_layer(x, cos, sin, qkv, qkv_bias, o, gate_up, down, norm_attn,
                          AttentionPlan(rows, decode_first, decode_pos, *rest))
 
 
+def causal_decode_mask(decode_pos: torch.Tensor, span: int) -> torch.Tensor:
+    """[B, 1, 1, span] True where a decoding row at ``decode_pos`` may attend (keys 0..its position)."""
+    return (torch.arange(span, device=decode_pos.device)[None, :] <= decode_pos[:, None])[:, None, None, :]
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     variance = x.float().pow(2).mean(-1, keepdim=True)
     return weight * (x.float() * torch.rsqrt(variance + eps)).to(x.dtype)

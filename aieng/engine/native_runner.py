@@ -9,16 +9,15 @@ built (at warm-up, or in the background when compilation would exceed its budget
 from __future__ import annotations
 
 import logging
-import statistics
 import threading
 import time
 from collections.abc import Callable, Sequence
 
 import torch
 
-from aieng.engine.formats import FormatPlan
+from aieng.engine.formats import FormatPlan, bf16_wins, interleaved_medians
 from aieng.engine.compile_marks import compile_settings, mark_cache_dynamic
-from aieng.engine.native_llama import AttentionPlan, NativeLlama
+from aieng.engine.native_llama import AttentionPlan, NativeLlama, causal_decode_mask
 from aieng.engine.oom import is_out_of_memory, release_cached_memory
 from aieng.engine.runner import Chunk, StepLogits
 from aieng.engine.slots import SlotKVCache, SlotShape, plan_slots
@@ -32,7 +31,10 @@ class NativeRunner:
     def __init__(self, model, *, context_length: int, max_rows: int, kv_cache_bytes: int,
                  formats: FormatPlan, compile_layers: bool):
         self.device = next(model.parameters()).device
-        self.net = NativeLlama(model, bf16_copy=formats.may_use_bf16, compile_layers=compile_layers)
+        # The bf16 copy: for the plan's steps, or for build_graphs to time the one-row graph in
+        # (it is dropped there if neither uses it).
+        bf16_copy = formats.uses_bf16 or (formats.measured and compile_layers)
+        self.net = NativeLlama(model, bf16_copy=bf16_copy, compile_layers=compile_layers)
         self.net.build_rotary_table(context_length + 1)  # + the scratch column
         dims = self.net.dims
         shape = SlotShape(self.net.num_layers, dims.kv_heads, dims.head_dim, self.net.dtype)
@@ -159,8 +161,7 @@ class NativeRunner:
         decode_pos = decode_mask = None
         if b:
             decode_pos = torch.tensor(position_lists[0], device=device)
-            span = max(position_lists[0]) + 1
-            decode_mask = (torch.arange(span, device=device)[None, :] <= decode_pos[:, None])[:, None, None, :]
+            decode_mask = causal_decode_mask(decode_pos, span=max(position_lists[0]) + 1)
         prefill = {}
         if chunks:
             prefill = self._prefill_tensors(chunks, token_lists, position_lists)
@@ -242,35 +243,30 @@ class NativeRunner:
         for i, (rows, bf16) in enumerate(shapes, 1):
             progress(f"compiling the decoder layer: decode {rows} row{'s' if rows > 1 else ''}, "
                      f"{'bf16' if bf16 else 'fp32'} weights ({i}/{len(shapes)})")
-            pos = torch.full((rows,), 5, device=self.device)
             for span in (6, 7):  # two lengths, so the graph is built with a symbolic length
-                mask = (torch.arange(span, device=self.device)[None, :] <= pos[:, None])[:, None, None, :]
-                plan = AttentionPlan(rows, 0, pos, mask, None, None, None, None)
-                tokens = torch.zeros(rows, dtype=torch.long, device=self.device)
                 with compile_settings():
-                    self.net.hidden(tokens, pos, plan, scratch, bf16=bf16, compiled=True)
+                    self._scratch_decode(scratch, rows, span, bf16=bf16)
         if (1, False) in shapes and (1, True) in shapes:
             self.timed_one_row_bf16 = self._faster_one_row_format(scratch)
         if not self.one_row_bf16 and not self.formats.uses_bf16:
             self.net.layers_bf16 = None  # no step uses the copy: give its memory back
         return time.perf_counter() - start
 
+    def _scratch_decode(self, scratch: SlotKVCache, rows: int, span: int, *, bf16: bool) -> None:
+        """One compiled decode step of ``rows`` rows at position ``span - 1`` on the scratch cache."""
+        pos = torch.full((rows,), span - 1, device=self.device)
+        plan = AttentionPlan(rows, 0, pos, causal_decode_mask(pos, span), None, None, None, None)
+        tokens = torch.zeros(rows, dtype=torch.long, device=self.device)
+        self.net.hidden(tokens, pos, plan, scratch, bf16=bf16, compiled=True)
+
     def _faster_one_row_format(self, scratch: SlotKVCache, *, rounds: int = 5, steps: int = 5) -> bool:
-        """Time the compiled one-row step in fp32 and bf16 (rounds interleaved, medians): whether
-        bf16 wins clearly (it costs accuracy, so 5% is the bar, as in ``measure_format_plan``)."""
-        pos = torch.full((1,), 5, device=self.device)
-        mask = (torch.arange(6, device=self.device)[None, :] <= pos[:, None])[:, None, None, :]
-        plan = AttentionPlan(1, 0, pos, mask, None, None, None, None)
-        tokens = torch.zeros(1, dtype=torch.long, device=self.device)
-        runs: dict[bool, list[float]] = {False: [], True: []}
-        for _ in range(rounds):
-            for bf16 in runs:
-                start = time.perf_counter()
-                for _ in range(steps):
-                    self.net.hidden(tokens, pos, plan, scratch, bf16=bf16, compiled=True)
-                runs[bf16].append((time.perf_counter() - start) / steps)
-        fp32_s, bf16_s = statistics.median(runs[False]), statistics.median(runs[True])
-        choice = bf16_s < 0.95 * fp32_s
+        """Time the compiled one-row step in fp32 and bf16 the way ``measure_format_plan`` times
+        the eager matrices (interleaved, medians, the same bar for bf16)."""
+        def run(bf16: bool):
+            return lambda: [self._scratch_decode(scratch, 1, 6, bf16=bf16) for _ in range(steps)]
+
+        fp32_s, bf16_s = (s / steps for s in interleaved_medians(run(False), run(True), rounds))
+        choice = bf16_wins(fp32_s, bf16_s)
         log.info("compiled one-row step: %s weights (%.2f ms fp32, %.2f ms bf16)", "bf16" if choice else "fp32",
                  fp32_s * 1e3, bf16_s * 1e3,
                  extra={"event": "engine_weight_formats", "one_row": "bf16" if choice else "fp32",

@@ -260,3 +260,10 @@ def test_the_compiled_one_row_product_matches_the_exact_product_without_rounding
     exact = x.double() @ weight.double().T  # bf16 weights widen exactly; the input stays fp32
     assert got.shape == (1, rows) and got.dtype == torch.float32
     assert torch.allclose(got.double(), exact, atol=1e-4, rtol=1e-5)
+
+
+def test_without_compilation_a_measured_plan_keeps_a_bf16_copy_only_if_it_uses_bf16(demo):
+    model, tokenizer = demo
+    runner = Engine(model, tokenizer, config=EngineConfig(compile=False, weight_formats="auto")).runner
+    assert runner.formats.measured
+    assert (runner.net.layers_bf16 is not None) == runner.formats.uses_bf16
