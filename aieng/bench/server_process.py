@@ -109,6 +109,25 @@ class ServerProcess:
         self._wait_ready()
         return self
 
+    def wait_until_compiled(self, timeout: float = 900.0, log=None) -> float:
+        """Wait while the server compiles in the background (ready, but serving eagerly: phase
+        ``compile`` on /health/ready), so a benchmark measures the steady state, not the
+        transition; returns the seconds waited."""
+        start = time.monotonic()
+        said = False
+        while time.monotonic() - start < timeout:
+            try:
+                body = httpx.get(f"{self.base_url}{self.health_path}", timeout=2.0).json()
+            except (httpx.HTTPError, ValueError):
+                body = {}
+            if body.get("phase") != "compile":
+                break
+            if log is not None and not said:
+                log(f"[bench serve] waiting for the background compilation to finish ({body.get('detail', '')})")
+                said = True
+            time.sleep(0.5)
+        return time.monotonic() - start
+
     def _stop_at_exit(self) -> None:
         self.stop()
 

@@ -33,15 +33,27 @@ def compile_settings():
         yield
 
 
-def mark_step_dynamic(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, plan) -> None:
-    """Mark the row count and attention span dynamic (one row stays a graph of its own: torch
-    specialises sizes 0 and 1)."""
-    if x.shape[0] >= 2:
-        for t in (x, cos, sin, plan.decode_pos, plan.decode_mask):
-            if t is not None:
-                torch._dynamo.mark_dynamic(t, 0)
+def mark_step_dynamic(xd: torch.Tensor | None, xp: torch.Tensor | None, rotary: tuple, plan) -> None:
+    """Mark the step's sizes dynamic: the decode row count and attention span, and the prompt
+    chunks' count, width and span. A size of one stays a graph of its own (torch specialises sizes
+    0 and 1): one decode row, one chunk. The runner pads chunks to at least 2 tokens."""
+    cos_d, sin_d, cos_p, sin_p = rotary
+    if xd is not None and xd.shape[0] >= 2:
+        for t in (xd, cos_d, sin_d, plan.decode_pos, plan.decode_mask):
+            torch._dynamo.mark_dynamic(t, 0)
     if plan.decode_mask is not None and plan.decode_mask.shape[-1] >= 2:
         torch._dynamo.mark_dynamic(plan.decode_mask, 3)
+    if xp is None:
+        return
+    if xp.shape[0] >= 2:
+        for t in (xp, cos_p, sin_p, plan.prefill_slots, plan.prefill_pos, plan.prefill_write, plan.prefill_mask):
+            torch._dynamo.mark_dynamic(t, 0)
+    if xp.shape[1] >= 2:
+        for t in (xp, cos_p, sin_p, plan.prefill_pos, plan.prefill_write):
+            torch._dynamo.mark_dynamic(t, 1)
+        torch._dynamo.mark_dynamic(plan.prefill_mask, 2)
+    if plan.prefill_mask.shape[-1] >= 2:
+        torch._dynamo.mark_dynamic(plan.prefill_mask, 3)
 
 
 def mark_cache_dynamic(cache) -> None:

@@ -106,27 +106,35 @@ class AttentionPlan:
     prefill_mask: torch.Tensor | None
 
 
-def run_layers(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layers: list, dims: Dims,
-               keys: list, values: list, plan: AttentionPlan) -> torch.Tensor:
+def run_layers(xd: torch.Tensor | None, xp: torch.Tensor | None, rotary: tuple, layers: list, dims: Dims,
+               keys: list, values: list, plan: AttentionPlan) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """Every decoder layer in turn: what ``NativeLlama`` compiles. The layer is called with flat
     arguments (tensors, ints, None) because only those let dynamo trace it once and stamp the
-    trace out for the other layers; dataclass arguments make it re-trace every layer."""
+    trace out for the other layers; dataclass arguments make it re-trace every layer.
+
+    The decode rows ``xd`` [B, D] and the prompt chunks ``xp`` [n, C, D] come in apart, so every
+    size at the region's boundary is a plain symbol: one flat [B + n·C, D] input would make dynamo
+    equate its size with B + n·C, and invoke_subgraph cannot stamp out a region whose input sizes
+    are such sums."""
     # No Python int for the row count: it is read off decode_pos inside, so it stays the symbolic
     # size that ``mark_step_dynamic`` made it (an int would be a constant guarded per batch size).
     shared = (dims.heads, dims.kv_heads, dims.head_dim, dims.eps, plan.decode_first, plan.decode_pos,
               plan.decode_mask, plan.prefill_slots, plan.prefill_pos, plan.prefill_write, plan.prefill_mask)
     for i, w in enumerate(layers):
-        x = _layer_region(x, cos, sin, w.qkv, w.qkv_bias, w.o, w.gate_up, w.down, w.norm_attn, w.norm_mlp,
-                          keys[i], values[i], *shared)
-    return x
+        out = _layer_region(xd, xp, *rotary, w.qkv, w.qkv_bias, w.o, w.gate_up, w.down, w.norm_attn,
+                            w.norm_mlp, keys[i], values[i], *shared)
+        xd, xp = (out[0] if xd is not None else None), (out[-1] if xp is not None else None)
+    return xd, xp
 
 
-def _flat_decoder_layer(x, cos, sin, qkv, qkv_bias, o, gate_up, down, norm_attn, norm_mlp, keys, values,
-                        heads, kv_heads, head_dim, eps, decode_first, decode_pos, *rest) -> torch.Tensor:
+def _flat_decoder_layer(xd, xp, cos_d, sin_d, cos_p, sin_p, qkv, qkv_bias, o, gate_up, down, norm_attn, norm_mlp,
+                        keys, values, heads, kv_heads, head_dim, eps, decode_first, decode_pos, *rest):
     rows = 0 if decode_pos is None else decode_pos.shape[0]
-    return decoder_layer(x, cos, sin, LayerWeights(qkv, qkv_bias, o, gate_up, down, norm_attn, norm_mlp),
-                         Dims(heads, kv_heads, head_dim, eps), keys, values,
-                         AttentionPlan(rows, decode_first, decode_pos, *rest))
+    out = decoder_layer(xd, xp, (cos_d, sin_d, cos_p, sin_p),
+                        LayerWeights(qkv, qkv_bias, o, gate_up, down, norm_attn, norm_mlp),
+                        Dims(heads, kv_heads, head_dim, eps), keys, values,
+                        AttentionPlan(rows, decode_first, decode_pos, *rest))
+    return tuple(t for t in out if t is not None)  # tensors only: a None output makes the region unreusable
 
 
 def causal_decode_mask(decode_pos: torch.Tensor, span: int) -> torch.Tensor:
@@ -174,9 +182,16 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return x * cos + rotated * sin
 
 
-def decoder_layer(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, w: LayerWeights, dims: Dims,
-                  keys: torch.Tensor, values: torch.Tensor, plan: AttentionPlan) -> torch.Tensor:
-    """One decoder layer over the step's flat tokens x [N, D]; writes this layer's cache in place."""
+def decoder_layer(xd: torch.Tensor | None, xp: torch.Tensor | None, rotary: tuple, w: LayerWeights, dims: Dims,
+                  keys: torch.Tensor, values: torch.Tensor, plan: AttentionPlan):
+    """One decoder layer over the step's decode rows ``xd`` [B, D] and prompt chunks ``xp``
+    [n, C, D] (either may be None); ``rotary`` is their cos/sin, (cos_d, sin_d) [B, 1, d] and
+    (cos_p, sin_p) [n, C, 1, d]. The projections run once over all B + n·C tokens; attention runs
+    per group. Writes this layer's cache in place."""
+    cos_d, sin_d, cos_p, sin_p = rotary
+    b = plan.decode_rows
+    flat = [t for t in (xd, None if xp is None else xp.flatten(0, 1)) if t is not None]
+    x = flat[0] if len(flat) == 1 else torch.cat(flat)
     n_tokens = x.shape[0]
     h = rms_norm(x, w.norm_attn, dims.eps)
     qkv = linear(h, w.qkv, w.qkv_bias)
@@ -184,27 +199,26 @@ def decoder_layer(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, w: Laye
     q = qkv[:, :q_size].view(n_tokens, dims.heads, dims.head_dim)
     k = qkv[:, q_size:q_size + kv_size].view(n_tokens, dims.kv_heads, dims.head_dim)
     v = qkv[:, q_size + kv_size:].view(n_tokens, dims.kv_heads, dims.head_dim)
-    q, k = rotate(q, cos, sin), rotate(k, cos, sin)
     groups = dims.heads // dims.kv_heads
     parts = []
-    b = plan.decode_rows
     if b:
         first = plan.decode_first
         rows = torch.arange(first, first + b, device=x.device)
-        keys[rows, :, plan.decode_pos] = k[:b]
+        keys[rows, :, plan.decode_pos] = rotate(k[:b], cos_d, sin_d)
         values[rows, :, plan.decode_pos] = v[:b]
         length = plan.decode_mask.shape[-1]
-        query = q[:b].view(b, dims.kv_heads, groups, dims.head_dim)  # query heads of a KV head as rows
+        query = rotate(q[:b], cos_d, sin_d).view(b, dims.kv_heads, groups, dims.head_dim)  # a KV head's query heads as rows
         out = F.scaled_dot_product_attention(query, keys[first:first + b, :, :length],
                                              values[first:first + b, :, :length], attn_mask=plan.decode_mask)
         parts.append(out.reshape(b, q_size))
-    if plan.prefill_slots is not None:
-        n, chunk = plan.prefill_pos.shape
+    if xp is not None:
+        n, chunk = xp.shape[0], xp.shape[1]
         slots = plan.prefill_slots[:, None]
-        keys[slots, :, plan.prefill_write] = k[b:].view(n, chunk, dims.kv_heads, dims.head_dim)
+        keys[slots, :, plan.prefill_write] = rotate(k[b:].view(n, chunk, dims.kv_heads, dims.head_dim), cos_p, sin_p)
         values[slots, :, plan.prefill_write] = v[b:].view(n, chunk, dims.kv_heads, dims.head_dim)
         length = plan.prefill_mask.shape[-1]
-        query = (q[b:].view(n, chunk, dims.kv_heads, groups, dims.head_dim)
+        query = (rotate(q[b:].view(n, chunk, dims.heads, dims.head_dim), cos_p, sin_p)
+                 .view(n, chunk, dims.kv_heads, groups, dims.head_dim)
                  .permute(0, 2, 3, 1, 4).reshape(n, dims.kv_heads, groups * chunk, dims.head_dim))
         mask = plan.prefill_mask.repeat(1, 1, groups, 1)
         cached_k = keys[:, :, :length].index_select(0, plan.prefill_slots)
@@ -216,12 +230,14 @@ def decoder_layer(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, w: Laye
     x = x + linear(attn, w.o)
     h = rms_norm(x, w.norm_mlp, dims.eps)
     gate, up = linear(h, w.gate_up).chunk(2, dim=-1)
-    return x + linear(F.silu(gate) * up, w.down)
+    mlp = linear(F.silu(gate) * up, w.down)
+    # Two sums, not one split afterwards: the region's outputs must not alias each other.
+    return (x[:b] + mlp[:b] if b else None), ((x[b:] + mlp[b:]).view(xp.shape) if xp is not None else None)
 
 
 # The layer as a region compiled once and reused by every layer of the compiled stack (eagerly,
 # outside torch.compile, it is just the function).
-_layer_region = torch.compiler.nested_compile_region(_flat_decoder_layer)
+_layer_region = torch.compiler.nested_compile_region(_flat_decoder_layer, max_reuse_entries=32)
 
 
 class NativeLlama:
@@ -257,18 +273,31 @@ class NativeLlama:
     def weights(self, bf16: bool) -> list[LayerWeights]:
         return self.layers_bf16 if bf16 and self.layers_bf16 is not None else self.layers
 
-    def hidden(self, tokens: torch.Tensor, positions: torch.Tensor, plan: AttentionPlan, cache, *,
+    def hidden(self, plan: AttentionPlan, cache, decode_tokens: torch.Tensor | None,
+               prefill_tokens: torch.Tensor | None, prefill_positions: torch.Tensor | None, *,
                bf16: bool, compiled: bool) -> torch.Tensor:
-        """Run every layer over the flat tokens [N] at positions [N]; the final hidden states [N, D]."""
-        x = self.embed(tokens)
-        cos, sin = self.rotary_at(x, positions)
+        """Run every layer over the decode tokens [B] (at ``plan.decode_pos``) and the prompt
+        chunks' tokens [n, C] at rotary positions [n, C]; the final hidden states [B + n·C, D],
+        decode rows first, then the chunks row by row."""
+        xd = xp = cos_d = sin_d = cos_p = sin_p = None
+        if decode_tokens is not None:
+            xd = self.embed(decode_tokens)
+            cos_d, sin_d = self.rotary_at(xd, plan.decode_pos)
+        if prefill_tokens is not None:
+            xp = self.embed(prefill_tokens)
+            n, chunk = prefill_tokens.shape
+            cos_p, sin_p = (t.view(n, chunk, 1, -1) for t in self.rotary_at(xp.flatten(0, 1), prefill_positions.flatten()))
+        rotary = (cos_d, sin_d, cos_p, sin_p)
         layers = self.weights(bf16)
         if compiled and self.compiled_stack is not None:
-            mark_step_dynamic(x, cos, sin, plan)
-            return self.compiled_stack(x, cos, sin, layers, self.dims, cache.keys, cache.values, plan)
-        for i, w in enumerate(layers):
-            x = decoder_layer(x, cos, sin, w, self.dims, cache.keys[i], cache.values[i], plan)
-        return x
+            mark_step_dynamic(xd, xp, rotary, plan)
+            xd, xp = self.compiled_stack(xd, xp, rotary, layers, self.dims, cache.keys, cache.values, plan)
+        else:
+            for i, w in enumerate(layers):
+                xd, xp = decoder_layer(xd, xp, rotary, w, self.dims, cache.keys[i], cache.values[i], plan)
+        if xp is None:
+            return xd
+        return xp.flatten(0, 1) if xd is None else torch.cat([xd, xp.flatten(0, 1)])
 
     def rotary_at(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin [N, 1, d] at ``positions``: rows of the table when there is one, else the

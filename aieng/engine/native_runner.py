@@ -11,7 +11,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import torch
 
@@ -23,6 +25,20 @@ from aieng.engine.runner import Chunk, StepLogits
 from aieng.engine.slots import SlotKVCache, SlotShape, plan_slots
 
 log = logging.getLogger("aieng.engine")
+
+
+class GraphShape(NamedTuple):
+    """A compiled graph of the decoder stack: ``rows`` decode rows (1, or 2 standing for any count
+    from 2), ``chunks`` prompt chunks in the same step (0, 1, or 2 for any count from 2: torch
+    specialises sizes 0 and 1, so each is a graph of its own) and the weights' format."""
+
+    rows: int
+    chunks: int
+    bf16: bool
+
+    @classmethod
+    def of(cls, rows: int, chunks: int, bf16: bool) -> "GraphShape":
+        return cls(min(rows, 2), min(chunks, 2), bf16)
 
 
 class NativeRunner:
@@ -50,6 +66,8 @@ class NativeRunner:
         self.compile_failed = False
         self._compile_thread: threading.Thread | None = None
         self.splits = 0  # forwards retried in halves after running out of memory
+        self._graph_shapes: frozenset[GraphShape] | None = None  # compile_shapes, once the plan is final
+        self.steps_by_graph: Counter[GraphShape | None] = Counter()  # forwards run per graph (None: eagerly)
 
     # -- bookkeeping the engine asks for ---------------------------------------------------------
     @property
@@ -156,22 +174,21 @@ class NativeRunner:
     def _run(self, chunks: Sequence[Chunk], decode_tokens: Sequence[int], *, first: int):
         cache, device = self.cache, self.device
         b = len(decode_tokens)
-        token_lists = [list(decode_tokens)]
-        position_lists = [cache.lengths[first:first + b]]
-        decode_pos = decode_mask = None
+        decode_pos = decode_mask = tokens = None
         if b:
-            decode_pos = torch.tensor(position_lists[0], device=device)
-            decode_mask = causal_decode_mask(decode_pos, span=max(position_lists[0]) + 1)
-        prefill = {}
-        if chunks:
-            prefill = self._prefill_tensors(chunks, token_lists, position_lists)
-        tokens = torch.tensor([t for part in token_lists for t in part], dtype=torch.long, device=device)
-        positions = torch.tensor([p for part in position_lists for p in part], dtype=torch.long, device=device)
+            lengths = cache.lengths[first:first + b]
+            decode_pos = torch.tensor(lengths, device=device)
+            decode_mask = causal_decode_mask(decode_pos, span=max(lengths) + 1)
+            tokens = torch.tensor(list(decode_tokens), dtype=torch.long, device=device)
+        prefill = self._prefill_tensors(chunks) if chunks else {}
         plan = AttentionPlan(b, first, decode_pos, decode_mask, prefill.get("slots"), prefill.get("pos"),
                              prefill.get("write"), prefill.get("mask"))
-        use_compiled = self.compiled and not chunks and first == 0
-        bf16 = self.one_row_bf16 if use_compiled and len(tokens) == 1 else self.formats.use_bf16(len(tokens))
-        hidden = self._layers(tokens, positions, plan, bf16=bf16, compiled=use_compiled)
+        n_tokens = b + len(chunks) * prefill.get("width", 0)
+        graph = self._graph_for(b, len(chunks), n_tokens, first)
+        bf16 = graph.bf16 if graph else self.formats.use_bf16(n_tokens)
+        self.steps_by_graph[graph] += 1
+        hidden = self._layers(plan, tokens, prefill.get("tokens"), prefill.get("rotary_pos"), bf16=bf16,
+                              compiled=graph is not None)
         # Only now, with the forward done, do the rows' lengths move: a failed call changes nothing.
         for slot in range(first, first + b):
             cache.lengths[slot] += 1
@@ -185,85 +202,128 @@ class NativeRunner:
         prefill_logits = logits[b:] if logits is not None and len(picks) > b else None
         return decode_logits, prefill_logits
 
-    def _prefill_tensors(self, chunks: Sequence[Chunk], token_lists: list, position_lists: list) -> dict:
-        """Right-pad the chunks to one width; padding writes to the scratch column."""
+    def _graph_for(self, rows: int, chunks: int, tokens: int, first: int) -> GraphShape | None:
+        """The compiled graph this step runs in, or None to run it eagerly: when nothing is
+        compiled, for an out-of-memory split (``first`` > 0), and for the shapes no graph is built
+        for (prefill alone, one decode row beside a chunk): building one inline would stall
+        every stream for as long as compiling takes."""
+        if not self.compiled or first or not rows:
+            return None
+        bf16 = self.one_row_bf16 if tokens == 1 else self.formats.use_bf16(tokens)
+        shape = GraphShape.of(rows, chunks, bf16)
+        return shape if shape in self.graph_shapes else None
+
+    def _prefill_tensors(self, chunks: Sequence[Chunk]) -> dict:
+        """Right-pad the chunks to one width, at least 2 (a width of 1 would need a graph of its
+        own); padding writes to the scratch column and is never attended by a real token."""
         cache, device = self.cache, self.device
-        width = max(len(c.token_ids) for c in chunks)
-        slots, write, pos = [], [], []
+        width = max(2, max(len(c.token_ids) for c in chunks))
+        slots, write, pos, tokens, rotary_pos = [], [], [], [], []
         for chunk in chunks:
             n = len(chunk.token_ids)
             slots.append(cache.slot_of[chunk.request_id])
             row_pos = [chunk.start + j for j in range(width)]
             pos.append(row_pos)
             write.append(row_pos[:n] + [cache.capacity] * (width - n))
-            token_lists.append(list(chunk.token_ids) + [0] * (width - n))
-            position_lists.append([min(p, cache.capacity - 1) for p in row_pos])
+            tokens.append(list(chunk.token_ids) + [0] * (width - n))
+            rotary_pos.append([min(p, cache.capacity - 1) for p in row_pos])
         pos_t = torch.tensor(pos, device=device)
         span = max(c.start + len(c.token_ids) for c in chunks)
         mask = (torch.arange(span, device=device)[None, None, :] <= pos_t[:, :, None])[:, None]
         return {"slots": torch.tensor(slots, device=device), "pos": pos_t, "write": torch.tensor(write, device=device),
-                "mask": mask, "width": width}
+                "mask": mask, "width": width, "tokens": torch.tensor(tokens, dtype=torch.long, device=device),
+                "rotary_pos": torch.tensor(rotary_pos, device=device)}
 
-    def _layers(self, tokens, positions, plan, *, bf16: bool, compiled: bool) -> torch.Tensor:
+    def _layers(self, plan, *tokens, bf16: bool, compiled: bool) -> torch.Tensor:
         if not compiled:
-            return self.net.hidden(tokens, positions, plan, self.cache, bf16=bf16, compiled=False)
+            return self.net.hidden(plan, self.cache, *tokens, bf16=bf16, compiled=False)
         try:
-            return self.net.hidden(tokens, positions, plan, self.cache, bf16=bf16, compiled=True)
+            return self.net.hidden(plan, self.cache, *tokens, bf16=bf16, compiled=True)
         except torch._dynamo.exc.TorchDynamoException as exc:  # includes inductor's errors
             log.warning("the compiled decoder layer failed (%s); continuing eagerly", str(exc).splitlines()[0],
                         extra={"event": "engine_compile_fallback"})
             self.compile_failed = True
-            return self.net.hidden(tokens, positions, plan, self.cache, bf16=bf16, compiled=False)
+            return self.net.hidden(plan, self.cache, *tokens, bf16=bf16, compiled=False)
 
     # -- compilation ---------------------------------------------------------------------------
-    def compile_shapes(self) -> list[tuple[int, bool]]:
-        """The decode-only graphs serving uses: (rows, bf16) for one row, and for several rows in
-        each format the plan uses. A graph for 2+ rows is dynamic in the row count, so each is
-        built at 2 rows whatever step size its format starts at: the measured plan moves between
-        restarts, and a graph built at the plan's own threshold would miss the compile cache."""
+    @property
+    def graph_shapes(self) -> frozenset[GraphShape]:
+        if self._graph_shapes is None:
+            self._graph_shapes = frozenset(self.compile_shapes())
+        return self._graph_shapes
+
+    def compile_shapes(self) -> list[GraphShape]:
+        """The graphs serving uses, most used first:
+        - one decode row, in the one format build_graphs times (both, when the plan is measured);
+        - 2+ decode rows, in each format the plan uses from 2 tokens;
+        - 2+ decode rows beside one prompt chunk, and beside several, in each format the plan uses
+          from 4 tokens (2 rows and a chunk of 2): the steps of a busy server, where streams keep
+          decoding while others join.
+        A graph is dynamic in its sizes, so each is built at the smallest step it serves whatever
+        count its format starts at: the measured plan moves between restarts, and a graph built at
+        the plan's own threshold would miss the compile cache. Steps with no graph run eagerly."""
         if self.formats.measured and self.net.layers_bf16 is not None:
-            shapes = [(1, False), (1, True)]  # build_graphs times both and keeps the faster
+            shapes = [GraphShape(1, 0, False), GraphShape(1, 0, True)]  # build_graphs keeps the faster
         else:
-            shapes = [(1, self.one_row_bf16)]
+            shapes = [GraphShape(1, 0, self.one_row_bf16)]
+        thresholds = [count for count, _ in self.formats.bf16_from]
         if self.max_rows >= 2:
-            counts = [2] + [count for count, _ in self.formats.bf16_from if 2 < count <= self.max_rows]
-            for bf16 in dict.fromkeys(self.formats.use_bf16(count) for count in counts):
-                shapes.append((2, bf16))
+            for bf16 in self._formats_from(2, [c for c in thresholds if 2 < c <= self.max_rows]):
+                shapes.append(GraphShape(2, 0, bf16))
+        for chunks in (1, 2):
+            if self.max_rows >= 2 + chunks:
+                for bf16 in self._formats_from(4, [c for c in thresholds if c > 4]):
+                    shapes.append(GraphShape(2, chunks, bf16))
         return shapes
+
+    def _formats_from(self, smallest: int, thresholds: list[int]) -> list[bool]:
+        return list(dict.fromkeys(self.formats.use_bf16(count) for count in [smallest] + thresholds))
 
     @torch.inference_mode()
     def build_graphs(self, progress: Callable[[str], None] = lambda detail: None) -> float:
-        """Compile the layer for every decode shape, on a scratch cache (any thread may call this)."""
+        """Compile the stack for every shape serving uses, on a scratch cache (any thread may call this)."""
         if self.net.compiled_stack is None:
             return 0.0
         start = time.perf_counter()
         shapes = self.compile_shapes()
-        scratch = SlotKVCache(self.cache.shape, slots=max(r for r, _ in shapes), capacity=64, device=self.device)
+        self._graph_shapes = frozenset(shapes)
+        slots = max(shape.rows + shape.chunks for shape in shapes)
+        scratch = SlotKVCache(self.cache.shape, slots=slots, capacity=64, device=self.device)
         mark_cache_dynamic(scratch)
-        for i, (rows, bf16) in enumerate(shapes, 1):
-            progress(f"compiling the decoder layer: decode {rows} row{'s' if rows > 1 else ''}, "
-                     f"{'bf16' if bf16 else 'fp32'} weights ({i}/{len(shapes)})")
-            for span in (6, 7):  # two lengths, so the graph is built with a symbolic length
+        for i, shape in enumerate(shapes, 1):
+            progress(f"compiling the decoder layer: {describe(shape)} ({i}/{len(shapes)})")
+            for size in (6, 7):  # two sizes, so the graph is built with symbolic lengths
                 with compile_settings():
-                    self._scratch_decode(scratch, rows, span, bf16=bf16)
-        if (1, False) in shapes and (1, True) in shapes:
+                    self._scratch_step(scratch, shape, size)
+        if GraphShape(1, 0, False) in shapes and GraphShape(1, 0, True) in shapes:
             self.timed_one_row_bf16 = self._faster_one_row_format(scratch)
         if not self.one_row_bf16 and not self.formats.uses_bf16:
             self.net.layers_bf16 = None  # no step uses the copy: give its memory back
         return time.perf_counter() - start
 
-    def _scratch_decode(self, scratch: SlotKVCache, rows: int, span: int, *, bf16: bool) -> None:
-        """One compiled decode step of ``rows`` rows at position ``span - 1`` on the scratch cache."""
-        pos = torch.full((rows,), span - 1, device=self.device)
-        plan = AttentionPlan(rows, 0, pos, causal_decode_mask(pos, span), None, None, None, None)
-        tokens = torch.zeros(rows, dtype=torch.long, device=self.device)
-        self.net.hidden(tokens, pos, plan, scratch, bf16=bf16, compiled=True)
+    def _scratch_step(self, scratch: SlotKVCache, shape: GraphShape, size: int) -> None:
+        """One compiled step of ``shape`` on the scratch cache: its decode rows at position
+        ``size - 1``, its chunks (in the slots after them) ``size - 3`` tokens from position 0."""
+        device, rows = self.device, shape.rows
+        pos = torch.full((rows,), size - 1, device=device)
+        plan = AttentionPlan(rows, 0, pos, causal_decode_mask(pos, size), None, None, None, None)
+        prefill_tokens = rotary_pos = None
+        if shape.chunks:
+            width = size - 3
+            chunk_pos = torch.arange(width, device=device).repeat(shape.chunks, 1)
+            plan.prefill_slots = torch.arange(rows, rows + shape.chunks, device=device)
+            # Separate tensors, as serving passes: dynamo guards on which arguments are the same object.
+            plan.prefill_pos, plan.prefill_write, rotary_pos = chunk_pos, chunk_pos.clone(), chunk_pos.clone()
+            plan.prefill_mask = (chunk_pos[:, None, :] <= chunk_pos[:, :, None])[:, None]
+            prefill_tokens = torch.zeros(shape.chunks, width, dtype=torch.long, device=device)
+        tokens = torch.zeros(rows, dtype=torch.long, device=device)
+        self.net.hidden(plan, scratch, tokens, prefill_tokens, rotary_pos, bf16=shape.bf16, compiled=True)
 
     def _faster_one_row_format(self, scratch: SlotKVCache, *, rounds: int = 5, steps: int = 5) -> bool:
         """Time the compiled one-row step in fp32 and bf16 the way ``measure_format_plan`` times
         the eager matrices (interleaved, medians, the same bar for bf16)."""
         def run(bf16: bool):
-            return lambda: [self._scratch_decode(scratch, 1, 6, bf16=bf16) for _ in range(steps)]
+            return lambda: [self._scratch_step(scratch, GraphShape(1, 0, bf16), 6) for _ in range(steps)]
 
         fp32_s, bf16_s = (s / steps for s in interleaved_medians(run(False), run(True), rounds))
         choice = bf16_wins(fp32_s, bf16_s)
@@ -289,3 +349,9 @@ class NativeRunner:
         self._compile_thread = threading.Thread(target=work, name="aieng-compile", daemon=True)
         self._compile_thread.start()
         return self._compile_thread
+
+
+def describe(shape: GraphShape) -> str:
+    rows = "1 decode row" if shape.rows == 1 else "2+ decode rows"
+    chunks = ["", " and a prompt chunk", " and 2+ prompt chunks"][shape.chunks]
+    return f"{rows}{chunks}, {'bf16' if shape.bf16 else 'fp32'} weights"

@@ -13,6 +13,7 @@ from torch._dynamo.utils import counters
 
 from aieng.engine import SamplingParams
 from aieng.engine import Engine, EngineConfig, GenerationRequest
+from aieng.engine.native_runner import GraphShape
 
 EAGER = EngineConfig(compile=False)  # the compiled path has its own tests (test_compile.py)
 
@@ -73,6 +74,42 @@ def test_compiled_decode_matches_eager_and_compiles_nothing_after_warmup(engine_
     assert compiled_engine.compiled
     assert compiled_engine.stats["rewarms"] == 0 and compiled_engine.stats["compile_fallbacks"] == 0
     assert counters["stats"]["unique_graphs"] == graphs_after_warmup, "a decode step compiled a new graph"
+
+
+def run_joining_schedule(engine: Engine, render, seed: int = 1) -> dict[str, list[int]]:
+    """Serving's steps: requests join one or several at a time while others decode, so most
+    steps carry decode rows and prompt chunks together (``Engine.step``)."""
+    rng = random.Random(seed)
+    produced: dict[str, list[int]] = {}
+    step = 0
+    while step < 40 or engine.num_running:
+        joiners = []
+        if step < 40 and step % 4 == 0:
+            for i in range(rng.choice([1, 1, 2, 3])):
+                rid = f"j{step}-{i}"
+                produced[rid] = []
+                params = SamplingParams(max_tokens=rng.randint(6, 20), temperature=0, ignore_eos=True)
+                joiners.append(GenerationRequest(rid, engine.encode(render(rng.choice(TASKS))), params))
+        for event in engine.step(joiners).events:
+            produced[event.request_id].append(event.token_id)
+        step += 1
+    return produced
+
+
+def test_steps_that_mix_decode_rows_and_prompt_chunks_run_compiled_and_match_eager(compiled_engine, demo, render):
+    """Under load most steps carry joining prompts beside decoding rows: those run in the mixed
+    graphs warm-up built (one chunk, several chunks), with the tokens eager gives, and need no
+    graph that warm-up did not build."""
+    model, tokenizer = demo
+    graphs_after_warmup = counters["stats"]["unique_graphs"]
+    runner = compiled_engine.runner
+    before = runner.steps_by_graph.copy()
+    compiled = run_joining_schedule(compiled_engine, render)
+    ran = runner.steps_by_graph - before
+    eager = run_joining_schedule(Engine(model, tokenizer, config=EAGER), render)
+    assert compiled == eager
+    assert ran[GraphShape(2, 1, False)] > 0 and ran[GraphShape(2, 2, False)] > 0, ran
+    assert counters["stats"]["unique_graphs"] == graphs_after_warmup, "a step compiled a new graph"
 
 
 def test_a_decode_form_warmup_missed_turns_full_guards_back_on(compiled_hf_engine, render):
@@ -211,10 +248,14 @@ def test_the_layer_is_traced_once_and_stamped_out_for_every_other_layer(demo):
 
 
 @pytest.mark.parametrize("bf16_from, want", [
-    ((), [(1, False), (2, False)]),
-    (((1, False), (8, True)), [(1, False), (2, False), (2, True)]),
-    (((1, False), (16, True)), [(1, False), (2, False), (2, True)]),  # the plan moved: same graphs, cache hits
-    (((1, True),), [(1, True), (2, True)]),
+    ((), [(1, 0, False), (2, 0, False), (2, 1, False), (2, 2, False)]),
+    (((1, False), (8, True)), [(1, 0, False), (2, 0, False), (2, 0, True), (2, 1, False), (2, 1, True),
+                               (2, 2, False), (2, 2, True)]),
+    # the plan moved: the same graphs, so a restart finds them in the compile cache
+    (((1, False), (16, True)), [(1, 0, False), (2, 0, False), (2, 0, True), (2, 1, False), (2, 1, True),
+                                (2, 2, False), (2, 2, True)]),
+    (((1, True),), [(1, 0, True), (2, 0, True), (2, 1, True), (2, 2, True)]),
+    (((1, False), (4, True)), [(1, 0, False), (2, 0, False), (2, 0, True), (2, 1, True), (2, 2, True)]),
 ])
 def test_the_graphs_built_do_not_depend_on_where_the_measured_plan_switches_format(demo, bf16_from, want):
     from aieng.engine.formats import FormatPlan
@@ -231,7 +272,7 @@ def test_a_measured_plan_times_the_compiled_one_row_step_in_both_formats(demo, c
     model, tokenizer = demo
     engine = Engine(model, tokenizer, config=EngineConfig(compile=True, weight_formats="auto"))
     runner = engine.runner
-    assert runner.formats.measured and {(1, False), (1, True)} <= set(runner.compile_shapes())
+    assert runner.formats.measured and {(1, 0, False), (1, 0, True)} <= set(runner.compile_shapes())
     with caplog.at_level(logging.INFO, logger="aieng.engine"):
         engine.warmup()
     timed = [r for r in caplog.records if getattr(r, "one_row", None)]
@@ -244,7 +285,7 @@ def test_a_measured_plan_times_the_compiled_one_row_step_in_both_formats(demo, c
 def test_a_fixed_format_builds_one_graph_for_one_row_and_times_nothing(demo):
     model, tokenizer = demo
     runner = Engine(model, tokenizer, config=EngineConfig(compile=True, weight_formats="float32")).runner
-    assert runner.net.layers_bf16 is None and [s for s in runner.compile_shapes() if s[0] == 1] == [(1, False)]
+    assert runner.net.layers_bf16 is None and [s for s in runner.compile_shapes() if s.rows == 1] == [(1, 0, False)]
     runner.build_graphs()
     assert runner.timed_one_row_bf16 is None and runner.one_row_bf16 is False
 

@@ -38,14 +38,14 @@ def limit_batch(engine, max_rows, *, poison_length=None):
 def _limit_native(runner, max_rows, poison_length):
     real = runner._layers
 
-    def limited(tokens, positions, plan, **kwargs):
+    def limited(plan, *tokens, **kwargs):
         rows = plan.decode_rows + (0 if plan.prefill_slots is None else len(plan.prefill_slots))
         if rows > max_rows:
             raise torch.OutOfMemoryError("injected: CUDA out of memory. Tried to allocate 2.00 GiB")
         # the poisoned prompt fails with whichever chunk reaches its last token (chunk sizes adapt)
         if poison_length is not None and plan.prefill_pos is not None and bool((plan.prefill_pos == poison_length - 1).any()):
             raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory")
-        return real(tokens, positions, plan, **kwargs)
+        return real(plan, *tokens, **kwargs)
 
     runner._layers = limited
 
