@@ -101,3 +101,13 @@ def test_start_up_is_visible_and_a_restart_reuses_the_compile_cache(demo_store):
         lines = log_lines(again)
     counts = next(line["compile_cache"] for line in lines if "compile_cache" in line and line["event"] == "startup_progress")
     assert counts["fx_graph_hit"] > 0 and counts["fx_graph_miss"] == 0, counts
+
+
+def test_a_benchmark_waits_for_a_background_compilation_before_measuring(demo_store):
+    """Past its compile budget the server is ready but still compiling (phase ``compile`` on
+    /health/ready): ``aieng bench serve`` waits that out, so it measures the compiled server."""
+    proc = ServerProcess(store=demo_store.root, port=free_port(), extra_args=ARGS, env={"AIENG_COMPILE_BUDGET_S": "0"})
+    with proc:
+        proc.wait_until_compiled(timeout=600)
+        body = httpx.get(f"{proc.base_url}/health/ready").json()
+    assert body == {"status": "ready", "model": "demo", "version": "1"}
