@@ -59,8 +59,8 @@ class NativeRunner:
         mark_cache_dynamic(self.cache)
         self.formats = formats
         self.timed_one_row_bf16: bool | None = None  # what build_graphs measured, when it did
-        # Decode-only steps use the compiled stack when this is True. Without a warm-up the first
-        # decode compiles inline (the cold start notebook 03 shows); ``warmup`` clears it while
+        # Steps with a graph (``compile_shapes``) use the compiled stack when this is True. Without
+        # a warm-up the first such step compiles inline (the cold start notebook 03 shows); ``warmup`` clears it while
         # it runs the shapes eagerly and sets it again when the graphs are built.
         self.compiled_ready = compile_layers
         self.compile_failed = False

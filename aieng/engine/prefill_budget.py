@@ -5,7 +5,7 @@ A fixed chunk size cannot suit every model: 256 tokens cost a few milliseconds o
 and a few hundred on a 100M-parameter one, where a decode step of 16 rows takes tens. So the
 budget adapts to what the engine's own steps cost.
 
-What a chunk adds to a step is a fixed part (the eager forward's per-layer Python, paid whatever
+What a chunk adds to a step is a fixed part (per-layer Python when the step runs eagerly, paid whatever
 the chunk's size) plus a part per prompt token. Both are learned by a running least-squares fit of
 the extra seconds against the chunk's tokens (while the chunk sizes vary; before that, the average
 cost per token stands in). The budget is then the larger of:
