@@ -111,8 +111,31 @@ def test_slots_stay_packed_when_rows_leave_and_join():
         cache.acquire("d")
     cache.release("a")  # c moves into slot 0 with its keys
     assert cache.decoding == ["c", "b"] and cache.slot_of == {"c": 0, "b": 1}
-    assert cache.keys[0][0, 0, 0, 0] == ord("c") and cache.lengths[:2] == [1, 1]
+    assert cache.keys[0][0, 0, 0, 0] == ord("c") and cache.lengths == [1, 1, 0] and cache.owner == ["c", "b", None]
+    cache.release("b")  # the last decoding row leaves: nothing moves
+    assert cache.decoding == ["c"] and cache.slot_of == {"c": 0} and cache.owner == ["c", None, None]
+    assert cache.acquire("d") == 1 and cache.lengths[1] == 0
     assert plan_slots(shape, budget_bytes=10**9, capacity=4, max_rows=5) == 5
+
+
+@torch.inference_mode()
+def test_a_row_that_starts_decoding_moves_down_into_a_free_slot_or_swaps_with_a_prefilling_row():
+    shape = SlotShape(layers=1, kv_heads=1, head_dim=2, dtype=torch.float32)
+    cache = SlotKVCache(shape, slots=3, capacity=4, device=torch.device("cpu"))
+    for rid in "abc":
+        slot = cache.acquire(rid)
+        cache.keys[0][slot, 0, :2] = ord(rid)
+        cache.lengths[slot] = 2
+    cache.release("a")  # still prefilling: slot 0 is free
+    cache.start_decoding("c")  # moves into the free slot 0
+    assert cache.slot_of == {"c": 0, "b": 1} and cache.owner == ["c", "b", None] and cache.lengths == [2, 2, 0]
+    assert bool((cache.keys[0][0, 0, :2] == ord("c")).all())
+    cache.acquire("d")  # slot 2
+    cache.keys[0][2, 0, :2] = ord("d")
+    cache.lengths[2] = 2
+    cache.start_decoding("d")  # slot 1 holds b, still prefilling: they swap
+    assert cache.slot_of == {"c": 0, "d": 1, "b": 2} and cache.decoding == ["c", "d"]
+    assert bool((cache.keys[0][1, 0, :2] == ord("d")).all()) and bool((cache.keys[0][2, 0, :2] == ord("b")).all())
 
 
 def test_bf16_weights_for_small_steps_stay_close_to_fp32(demo, render):
