@@ -131,7 +131,8 @@ def run_serve_bench(store: Path, model_ref: str, model_dir: Path, tokenizer, con
     for label, args in runs:
         log(f"[bench serve] {label}: starting")
         with ServerProcess(store=store, model=model_ref, extra_args=args + ["--max-queue", "1024"]) as proc:
-            proc.wait_until_compiled(log=log)  # measure the compiled server, not the switch to it
+            # measure the compiled server, not the switch to it
+            proc.wait_until_compiled(log=lambda message: log(f"[bench serve] {message}"))
             bench.results[label] = measure_levels(proc.base_url, bodies_for(name), config, progress)
     for spec in config.peers:
         run_peer(bench, spec, model_dir, tokenizer, config, bodies_for, progress, log)

@@ -123,7 +123,7 @@ class ServerProcess:
             if body.get("phase") != "compile":
                 break
             if log is not None and not said:
-                log(f"[bench serve] waiting for the background compilation to finish ({body.get('detail', '')})")
+                log(f"waiting for the background compilation to finish ({body.get('detail', '')})")
                 said = True
             time.sleep(0.5)
         return time.monotonic() - start

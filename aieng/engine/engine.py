@@ -116,8 +116,6 @@ class Engine:
     def stats(self) -> dict[str, int]:
         forward = getattr(self.runner, "forward_fn", None)
         counts = {**self.counts, "oom_splits": self.counts["oom_splits"] + getattr(self.runner, "splits", 0)}
-        by_graph = getattr(self.runner, "steps_by_graph", {})
-        counts["compiled_steps"] = sum(n for graph, n in by_graph.items() if graph is not None)
         return {**counts, "rewarms": forward.rewarms if forward else 0,
                 "compile_fallbacks": forward.fallbacks if forward else int(getattr(self.runner, "compile_failed", 0))}
 

@@ -8,6 +8,7 @@ built (at warm-up, or in the background when compilation would exceed its budget
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -40,6 +41,11 @@ class GraphShape(NamedTuple):
     def of(cls, rows: int, chunks: int, bf16: bool) -> "GraphShape":
         return cls(min(rows, 2), min(chunks, 2), bf16)
 
+    def describe(self) -> str:
+        rows = "1 decode row" if self.rows == 1 else "2+ decode rows"
+        chunks = ["", " and a prompt chunk", " and 2+ prompt chunks"][self.chunks]
+        return f"{rows}{chunks}, {'bf16' if self.bf16 else 'fp32'} weights"
+
 
 class NativeRunner:
     chunked = True
@@ -60,13 +66,13 @@ class NativeRunner:
         self.formats = formats
         self.timed_one_row_bf16: bool | None = None  # what build_graphs measured, when it did
         # Steps with a graph (``compile_shapes``) use the compiled stack when this is True. Without
-        # a warm-up the first such step compiles inline (the cold start notebook 03 shows); ``warmup`` clears it while
-        # it runs the shapes eagerly and sets it again when the graphs are built.
+        # a warm-up the first such step compiles inline (the cold start notebook 03 shows);
+        # ``warmup`` clears it while it runs the shapes eagerly and sets it again when the graphs
+        # are built.
         self.compiled_ready = compile_layers
         self.compile_failed = False
         self._compile_thread: threading.Thread | None = None
         self.splits = 0  # forwards retried in halves after running out of memory
-        self._graph_shapes: frozenset[GraphShape] | None = None  # compile_shapes, once the plan is final
         self.steps_by_graph: Counter[GraphShape | None] = Counter()  # forwards run per graph (None: eagerly)
 
     # -- bookkeeping the engine asks for ---------------------------------------------------------
@@ -246,11 +252,10 @@ class NativeRunner:
             return self.net.hidden(plan, self.cache, *tokens, bf16=bf16, compiled=False)
 
     # -- compilation ---------------------------------------------------------------------------
-    @property
+    @functools.cached_property
     def graph_shapes(self) -> frozenset[GraphShape]:
-        if self._graph_shapes is None:
-            self._graph_shapes = frozenset(self.compile_shapes())
-        return self._graph_shapes
+        """``compile_shapes`` as a set, for the per-step lookup (the plan is fixed at start-up)."""
+        return frozenset(self.compile_shapes())
 
     def compile_shapes(self) -> list[GraphShape]:
         """The graphs serving uses, most used first:
@@ -286,12 +291,11 @@ class NativeRunner:
             return 0.0
         start = time.perf_counter()
         shapes = self.compile_shapes()
-        self._graph_shapes = frozenset(shapes)
         slots = max(shape.rows + shape.chunks for shape in shapes)
         scratch = SlotKVCache(self.cache.shape, slots=slots, capacity=64, device=self.device)
         mark_cache_dynamic(scratch)
         for i, shape in enumerate(shapes, 1):
-            progress(f"compiling the decoder layer: {describe(shape)} ({i}/{len(shapes)})")
+            progress(f"compiling the decoder layer: {shape.describe()} ({i}/{len(shapes)})")
             for size in (6, 7):  # two sizes, so the graph is built with symbolic lengths
                 with compile_settings():
                     self._scratch_step(scratch, shape, size)
@@ -350,8 +354,3 @@ class NativeRunner:
         self._compile_thread.start()
         return self._compile_thread
 
-
-def describe(shape: GraphShape) -> str:
-    rows = "1 decode row" if shape.rows == 1 else "2+ decode rows"
-    chunks = ["", " and a prompt chunk", " and 2+ prompt chunks"][shape.chunks]
-    return f"{rows}{chunks}, {'bf16' if shape.bf16 else 'fp32'} weights"

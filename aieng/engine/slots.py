@@ -89,51 +89,41 @@ class SlotKVCache:
 
     def start_decoding(self, request_id: str) -> None:
         """The row's prompt is in the cache: move it to slot B and count it among the decoding rows."""
-        target, slot = len(self.decoding), self.slot_of[request_id]
-        if slot != target and self.owner[target] is None:
-            self._move(slot, target)
-            self.owner[slot], self.lengths[slot] = None, 0
-        else:
-            self.swap(slot, target)  # another row is prefilling in slot B: it moves up
+        target = len(self.decoding)
+        self.swap(self.slot_of[request_id], target)
         self.decoding.append(request_id)
 
     def release(self, request_id: str) -> None:
         """Free the row's slot, keeping the decoding rows packed in slots 0..B-1."""
-        slot = self.slot_of.get(request_id)
+        slot = self.slot_of.pop(request_id, None)
         if slot is None:
             return
-        del self.slot_of[request_id]
+        self.owner[slot], self.lengths[slot] = None, 0  # freed first: the swap below copies one way
         if request_id in self.decoding:
             last = len(self.decoding) - 1
-            if slot != last:  # the last decoding row fills the hole
-                self._move(last, slot)
-                self.decoding[slot] = self.decoding[last]
+            self.swap(slot, last)  # the last decoding row fills the hole
+            self.decoding[slot] = self.decoding[last]
             self.decoding.pop()
-            slot = last
-        self.owner[slot], self.lengths[slot] = None, 0
-
-    @torch.inference_mode()
-    def _move(self, source: int, target: int) -> None:
-        """Copy a row's valid prefix into ``target``, whose contents are dropped: one copy, where a
-        swap would be two (at 1,256 tokens of the realistic shape a swap moves 116 MB)."""
-        n = self.lengths[source]
-        if n:
-            for t in self.keys + self.values:
-                t[target, :, :n] = t[source, :, :n]
-        self.lengths[target], self.owner[target] = n, self.owner[source]
-        self.slot_of[self.owner[target]] = target
 
     @torch.inference_mode()
     def swap(self, a: int, b: int) -> None:
-        """Exchange the contents of two slots (only their valid prefixes are copied)."""
+        """Exchange the contents of two slots. Only valid prefixes are copied, and only one way
+        when one slot is free (its contents are dropped): a row leaving or starting to decode next
+        to a free slot costs one copy, not two (big@1 at 1,256 tokens: 5.4 ms against 23.4 ms)."""
         if a == b:
             return
+        held = [slot for slot in (a, b) if self.owner[slot] is not None]
         n = max(self.lengths[a], self.lengths[b])
-        if n:
+        if n and len(held) == 2:
             index = torch.tensor([b, a], device=self.keys[0].device)
             for tensors in (self.keys, self.values):
                 for t in tensors:
                     t[[a, b], :, :n] = t[:, :, :n].index_select(0, index)
+        elif n and held:
+            source = held[0]
+            target = b if source == a else a
+            for t in self.keys + self.values:
+                t[target, :, :n] = t[source, :, :n]
         self.lengths[a], self.lengths[b] = self.lengths[b], self.lengths[a]
         self.owner[a], self.owner[b] = self.owner[b], self.owner[a]
         for slot in (a, b):
