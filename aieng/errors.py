@@ -75,6 +75,17 @@ class StoreError(AiengError):
     type = "invalid_request_error"
 
 
+class GateRefusedError(AiengError):
+    """The release gate refused a candidate; ``decision`` says every rule that fired."""
+
+    code = "release_gate_refused"
+    status = 409
+
+    def __init__(self, message: str, *, decision=None):
+        super().__init__(message)
+        self.decision = decision
+
+
 class VerificationError(AiengError):
     """Stored files do not match their manifest hashes: the version must not be loaded."""
 

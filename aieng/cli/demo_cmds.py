@@ -39,7 +39,8 @@ def add_parser(sub) -> None:
     p = verbs.add_parser("install", parents=[STORE], help="build, register, evaluate and promote the demo unless the store has one",
                          description="Idempotent set-up used by `make serve` and `make test`: if NAME already has a "
                                      "current version, do nothing; otherwise build (or reuse a finished build), "
-                                     "register as NAME@VERSION, run `aieng eval` into its manifest, and promote it.")
+                                     "register as NAME@VERSION, run `aieng eval` into its manifest, and promote it "
+                                     "through the release gate (whose default thresholds the demo passes on any CPU).")
     p.add_argument("--name", default="demo")
     p.add_argument("--version", default="1")
     p.add_argument("--seed", type=int, default=0)
@@ -103,6 +104,8 @@ def _install(args: argparse.Namespace) -> int:
         print(f"registered {args.name}@{args.version}")
     ref = ModelRef(args.name, args.version)
     evaluate_version(store, ref, LoadConfig.from_settings(settings))
-    store.promote(args.name, args.version, reason="initial install of the demo model")
-    print(f"promoted {args.name}@{args.version}; serve it with: aieng serve")
+    from aieng.release.promotion import promote
+
+    promote(store, args.name, args.version, reason="initial install of the demo model")  # through the gate
+    print(f"gate passed; promoted {args.name}@{args.version}; serve it with: aieng serve")
     return 0

@@ -39,10 +39,18 @@ def add_parser(sub) -> None:
     p.add_argument("ref", metavar="N[@V]")
     p.set_defaults(handler=_verify)
 
-    p = verbs.add_parser("promote", parents=[STORE], help="verify V, then point N's `current` at it atomically; recorded in history")
+    p = verbs.add_parser("promote", parents=[STORE],
+                         help="verify V, run the release gate, then point N's `current` at it atomically",
+                         description="Verify NAME@VERSION's hashes, judge its recorded evaluation (and performance "
+                                     "baseline, if any) against the current version with the release gate "
+                                     "(aieng/evaluation/gate.py), and switch `current` only if it passes. A refusal "
+                                     "exits 1 naming every rule that fired; --force --reason overrides it. The decision, "
+                                     "thresholds, who and why go into the manifest and history.jsonl.")
     p.add_argument("name")
     p.add_argument("version")
-    p.add_argument("--reason", default="promote", help="why (kept in history.jsonl)")
+    p.add_argument("--reason", default=None, help="why (kept in history.jsonl; required with --force)")
+    p.add_argument("--force", action="store_true", help="promote even if the gate refuses (needs --reason)")
+    add_gate_options(p)
     p.set_defaults(handler=_promote)
 
     p = verbs.add_parser("rollback", parents=[STORE], help="go back to the previously promoted version (or --to V)")
@@ -117,8 +125,39 @@ def _verify(args: argparse.Namespace) -> int:
     return 1
 
 
+def add_gate_options(p: argparse.ArgumentParser) -> None:
+    """The release gate's thresholds as flags (defaults: ``GateThresholds``)."""
+    g = p.add_argument_group("release gate thresholds (defaults in aieng/evaluation/gate.py)")
+    g.add_argument("--gate-family", action="append", dest="gate_families", metavar="FAMILY",
+                   help="a family that must reach --min-accuracy (repeat; default: reverse and json)")
+    g.add_argument("--min-accuracy", type=float, default=None, help="floor for the gate families (default 0.8)")
+    g.add_argument("--max-regression", type=float, default=None,
+                   help="largest drop of any family below the current version (default 0.05)")
+    g.add_argument("--max-perplexity", type=float, default=None, help="perplexity ceiling (default 2.0)")
+    g.add_argument("--max-perplexity-rise", type=float, default=None,
+                   help="largest perplexity rise over the current version, as a fraction (default 0.25)")
+
+
+def gate_thresholds(args: argparse.Namespace):
+    from aieng.evaluation.gate import GateThresholds
+
+    return GateThresholds.with_overrides(gate_families=args.gate_families, min_accuracy=args.min_accuracy,
+                                         max_regression=args.max_regression, max_perplexity=args.max_perplexity,
+                                         max_perplexity_rise=args.max_perplexity_rise)
+
+
 def _promote(args: argparse.Namespace) -> int:
-    event = store_from(args).promote(args.name, args.version, reason=args.reason)
+    from aieng.release.promotion import promote
+
+    result = promote(store_from(args), args.name, args.version, thresholds=gate_thresholds(args),
+                     force=args.force, reason=args.reason)
+    event = result.event
+    if result.forced:
+        print(f"gate FAILED and was overridden by {event['actor']} ({args.reason}): "
+              + "; ".join(result.decision.messages), file=sys.stderr)
+    else:
+        print(f"gate passed ({', '.join(k for k, v in result.decision.compared.items() if v) or 'no'} comparison "
+              f"with the current version)")
     print(f"{args.name}: current {event['from'] or '(none)'} -> {event['to']}")
     return 0
 
@@ -137,8 +176,14 @@ def _remove(args: argparse.Namespace) -> int:
 
 def _history(args: argparse.Namespace) -> int:
     for event in store_from(args).history(args.name):
-        print(f"{event['ts']}  {event['action']:8}  {event['from'] or '-':>8} -> {event['to']:<8}  "
-              f"{event['actor']}: {event['reason']}")
+        gate = event.get("gate")
+        note = ""
+        if gate is not None:
+            fired = [f["rule"] for f in gate["decision"]["failures"]]
+            note = ("  [gate passed]" if not fired else
+                    f"  [gate {'overridden' if gate.get('forced') else 'refused'}: {', '.join(dict.fromkeys(fired))}]")
+        print(f"{event['ts']}  {event['action']:12}  {event['from'] or '-':>8} -> {event['to']:<8}  "
+              f"{event['actor']}: {event['reason']}{note}")
     return 0
 
 

@@ -10,6 +10,7 @@ from datetime import datetime, timezone
 from aieng.evaluation.suite import evaluate
 from aieng.loading.loader import LoadConfig, load_version
 from aieng.store import ModelRef, ModelStore
+from aieng.store.introspect import prompt_template
 from aieng.errors import StoreError
 
 
@@ -48,6 +49,9 @@ def evaluate_version(store: ModelStore, ref: ModelRef, config: LoadConfig = Load
         report = evaluate(model, loaded.tokenizer, n_per_family=n_per_family)
     entry = {
         "suite": report.suite,
+        # The chat template the prompts were rendered with, so the gate can refuse a version whose
+        # template is not the one its numbers were measured with.
+        "template_sha256": (prompt_template(loaded.path) or {}).get("sha256"),
         "metrics": {"accuracy": report.accuracy, "perplexity": report.perplexity},
         "n_per_family": report.n_per_family,
         "seconds": round(report.seconds, 2),

@@ -32,7 +32,8 @@ class Manifest:
     dependencies: dict = field(default_factory=dict)
     eval: dict | None = None  # {"suite", "metrics": {...}, "measured_at"} from `aieng eval`
     performance_baseline: dict | None = None  # from `aieng bench serve`
-    prompt_template: dict | None = None  # {"sha256", "source"} of the chat template
+    prompt_template: dict | None = None  # {"sha256", "source", "version"} of the chat template
+    release_gate: dict | None = None  # the gate's decision, thresholds, who and why, at promotion
     status: str = "candidate"
     extra: dict = field(default_factory=dict)
 

@@ -21,6 +21,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Callable
 
 from aieng.errors import ModelNotFoundError, StoreError, VerificationError
 from aieng.hardware import dependency_versions, hardware_profile
@@ -153,10 +154,25 @@ class ModelStore:
                 context_length=facts.context_length,
                 hardware_profile=hardware_profile(),
                 dependencies=dependency_versions(),
-                prompt_template=facts.prompt_template,
+                prompt_template=self._versioned_template(name, facts.prompt_template),
             )
             manifest.write(tmp)
         return manifest
+
+    def _versioned_template(self, name: str, template: dict | None) -> dict | None:
+        """The template entry with its ``version``: the number of a template this model shipped
+        before under the same sha256, else one more than the highest so far (1 for the first).
+        So "template 2" means the model's prompt format changed once, whatever the files say."""
+        if template is None:
+            return None
+        seen = {}
+        for version in self.versions(name):
+            with contextlib.suppress(OSError, ValueError):
+                known = Manifest.read(self.version_dir(name, version)).prompt_template or {}
+                if "sha256" in known and "version" in known:
+                    seen[known["sha256"]] = known["version"]
+        number = seen.get(template["sha256"], max(seen.values(), default=0) + 1)
+        return {**template, "version": number}
 
     # -- verify --------------------------------------------------------------------------------
     def verify(self, ref: ModelRef) -> VerifyReport:
@@ -179,12 +195,26 @@ class ModelStore:
         return report
 
     # -- promote / rollback --------------------------------------------------------------------
-    def promote(self, name: str, version: str, *, reason: str = "promote", actor: str | None = None) -> dict:
-        """Point ``current`` at ``version`` (verified first) and record it in history."""
+    def promote(self, name: str, version: str, *, reason: str = "promote", actor: str | None = None,
+                check: Callable[[str | None], dict | None] | None = None) -> dict:
+        """Point ``current`` at ``version`` (verified first) and record it in history.
+
+        ``check`` (the release gate, ``aieng.release.promotion``) runs under the model's lock with
+        the version that is current at that moment, so no other promote can slip between the
+        judgement and the switch; it raises to refuse, or returns a record that is written into
+        the version's manifest (``release_gate``) and the history event (``gate``)."""
         self.resolve(ModelRef(name, version))
         self.verify_or_raise(ModelRef(name, version))
         with self._lock(name):
-            return self._switch(name, version, action="promote", reason=reason, actor=actor)
+            record = check(self.current(name)) if check is not None else None
+            return self._switch(name, version, action="promote", reason=reason, actor=actor, gate=record)
+
+    def record_event(self, name: str, event: dict) -> dict:
+        """Append a non-switching event (a refused promote) to history, under the model's lock."""
+        with self._lock(name):
+            event = {"ts": utc_now(), **event}
+            self._append_history(name, event)
+            return event
 
     def rollback_target(self, name: str, to: str | None = None) -> str:
         """The version ``rollback`` would switch to, without switching (dry runs, runbooks)."""
@@ -211,6 +241,8 @@ class ModelStore:
         """Replay history: promote pushes, rollback returns to an earlier entry (or pushes an unseen one)."""
         stack: list[str] = []
         for event in self.history(name):
+            if event.get("action") not in ("promote", "rollback"):
+                continue  # refusals and other records do not move `current`
             target = event["to"]
             if event.get("action") == "rollback" and target in stack:
                 del stack[stack.index(target) + 1:]
@@ -218,28 +250,35 @@ class ModelStore:
                 stack.append(target)
         return stack
 
-    def _switch(self, name: str, version: str, *, action: str, reason: str, actor: str | None) -> dict:
+    def _switch(self, name: str, version: str, *, action: str, reason: str, actor: str | None,
+                gate: dict | None = None) -> dict:
         directory = self.model_dir(name)
         previous = self.current(name)
         tmp_link = directory / f".current-{uuid.uuid4().hex[:8]}"
         os.symlink(Path("versions") / version, tmp_link)
         os.replace(tmp_link, directory / "current")
         fsync_dir(directory)
-        self._set_status(name, version, "stable")
+        self._set_fields(name, version, status="stable", **({"release_gate": gate} if gate is not None else {}))
         if action == "rollback" and previous and previous != version:
-            self._set_status(name, previous, "retired")
+            self._set_fields(name, previous, status="retired")
         event = {"ts": utc_now(), "action": action, "from": previous, "to": version, "reason": reason,
                  "actor": actor or default_actor()}
+        if gate is not None:
+            event["gate"] = gate
+        self._append_history(name, event)
+        return event
+
+    def _append_history(self, name: str, event: dict) -> None:
         with open(self.history_path(name), "a") as handle:
             handle.write(json.dumps(event) + "\n")
             handle.flush()
             os.fsync(handle.fileno())
-        return event
 
-    def _set_status(self, name: str, version: str, status: str) -> None:
+    def _set_fields(self, name: str, version: str, **changes) -> None:
         directory = self.version_dir(name, version)
         manifest = Manifest.read(directory)
-        manifest.status = status
+        for key, value in changes.items():
+            setattr(manifest, key, value)
         manifest.write(directory)
 
     # -- manifest updates ----------------------------------------------------------------------

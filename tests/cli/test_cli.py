@@ -40,8 +40,13 @@ def test_store_workflow_and_failures(tmp_path, tiny_demo_dir):
     none = aieng("model", "rollback", "tiny", store=store)
     assert none.returncode == 1 and "no previous promoted version" in none.stderr
 
-    assert aieng("model", "promote", "tiny", "1", store=store).returncode == 0
-    assert aieng("model", "promote", "tiny", "2", store=store).returncode == 0
+    unevaluated = aieng("model", "promote", "tiny", "1", store=store)
+    assert unevaluated.returncode == 1 and "release gate refused tiny@1 (rules: eval)" in unevaluated.stderr
+    no_reason = aieng("model", "promote", "tiny", "1", "--force", store=store)
+    assert no_reason.returncode == 1 and "needs --reason" in no_reason.stderr
+    forced = ("--force", "--reason", "test: store workflow without an eval")
+    assert aieng("model", "promote", "tiny", "1", *forced, store=store).returncode == 0
+    assert aieng("model", "promote", "tiny", "2", *forced, store=store).returncode == 0
     listing = aieng("model", "list", store=store).stdout
     assert "* tiny" in listing and "2" in listing
 
@@ -57,7 +62,7 @@ def test_store_workflow_and_failures(tmp_path, tiny_demo_dir):
 def test_tampered_version_fails_verify_and_serve_refuses_to_start(tmp_path, tiny_demo_dir):
     store = tmp_path / "store"
     aieng("model", "register", str(tiny_demo_dir), "--name", "tiny", "--version", "1", store=store)
-    aieng("model", "promote", "tiny", "1", store=store)
+    aieng("model", "promote", "tiny", "1", "--force", "--reason", "test: not evaluated", store=store)
     assert aieng("model", "verify", "tiny", store=store).returncode == 0
 
     weights = store / "tiny" / "versions" / "1" / "model.safetensors"

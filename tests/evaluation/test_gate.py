@@ -1,81 +1,132 @@
-"""The release gate: floors on the gate families, regression against the current version's eval."""
+"""The release gate: floors, regression, perplexity, template and performance rules, every rule that fires."""
 
 import pytest
 
-from aieng.evaluation.gate import GateDecision, GateThresholds, release_gate
+from aieng.evaluation.gate import Evidence, GateDecision, GateThresholds, release_gate
+
+SHA = "a" * 64
 
 
-def _eval(suite="demo-heldout-v1", **accuracy):
-    return {"suite": suite, "metrics": {"accuracy": accuracy, "perplexity": 2.0}, "n_per_family": 50}
+def _eval(suite="demo-heldout-v1", perplexity=1.01, template=SHA, **accuracy):
+    return {"suite": suite, "metrics": {"accuracy": accuracy, "perplexity": perplexity}, "n_per_family": 50,
+            "template_sha256": template}
+
+
+def _version(version="2", baseline=None, template=SHA, **eval_kwargs):
+    return Evidence(version, _eval(**eval_kwargs), baseline, template)
 
 
 GOOD = dict(reverse=0.98, json=0.96, add=0.98, sort=0.9)
+BASELINE = {"concurrency": 32, "max_tokens": 64, "tokens_per_s": 1000.0, "latency_p99_s": 0.5}
+
+
+def _messages(decision: GateDecision) -> list[str]:
+    return decision.messages
 
 
 def test_a_candidate_above_the_floors_and_without_regression_passes():
-    decision = release_gate(_eval(**GOOD), _eval(**GOOD), GateThresholds(), current_version="1")
-    assert decision.passed and decision.failures == [] and decision.regression_checked
-    assert decision.to_dict() == {"passed": True, "failures": [], "regression_checked": True}
+    decision = release_gate(_version(**GOOD), _version("1", **GOOD))
+    assert decision.passed and decision.failures == [] and decision.compared == {"eval": True, "performance": False}
+    assert decision.to_dict() == {"passed": True, "failures": [], "compared": {"eval": True, "performance": False}}
 
 
-def test_the_defaults_are_the_deploy_runbooks():
-    assert GateThresholds() == GateThresholds(("reverse", "json"), 0.9, 0.05)
-    assert GateThresholds.with_overrides(gate_families=["add"], min_accuracy=None) == GateThresholds(("add",), 0.9, 0.05)
+def test_the_defaults_pass_the_demo_on_any_cpu_and_refuse_a_broken_build():
+    assert GateThresholds() == GateThresholds(("reverse", "json"), 0.8, 0.05, 2.0, 0.25, 0.2, 1.5)
+    epyc = dict(reverse=0.96, json=0.94, add=0.86, sort=0.92)  # the weakest demo build measured so far
+    assert release_gate(_version(**epyc)).passed
+    assert not release_gate(_version(reverse=0.1, json=0.0, add=0.0, sort=0.0, perplexity=9.0)).passed
+    assert GateThresholds.with_overrides(gate_families=["add"], min_accuracy=None) == GateThresholds(gate_families=("add",))
+    with pytest.raises(ValueError, match="unknown gate thresholds"):
+        GateThresholds.with_overrides(min_acuracy=0.5)
 
 
-def test_a_gate_family_below_the_floor_fails_with_its_rate():
-    decision = release_gate(_eval(**{**GOOD, "json": 0.84}), None, GateThresholds())
+def test_a_gate_family_below_the_floor_fails_with_its_rate_and_rule():
+    decision = release_gate(_version(**{**GOOD, "json": 0.74}))
     assert not decision.passed
-    assert decision.failures == ["json: 84.0% < 90%"]
-    assert not decision.regression_checked
+    assert decision.failures == [{"rule": "floor", "message": "json: 74.0% < 80%"}]
+    assert decision.rules_fired == ["floor"] and decision.compared["eval"] is False
 
 
 def test_exactly_the_floor_passes():
-    assert release_gate(_eval(**{**GOOD, "json": 27 / 30}), None, GateThresholds()).passed
+    assert release_gate(_version(**{**GOOD, "json": 24 / 30})).passed
 
 
 def test_a_regression_beyond_the_limit_fails_naming_the_current_version():
-    decision = release_gate(_eval(**{**GOOD, "add": 0.80}), _eval(**GOOD), GateThresholds(), current_version="1")
-    assert decision.failures == ["add: 80.0% regresses from 98.0% (current 1)"]
+    decision = release_gate(_version(**{**GOOD, "add": 0.80}), _version("1", **GOOD))
+    assert _messages(decision) == ["regression: add: 80.0% regresses from 98.0% (current 1)"]
 
 
 def test_a_drop_of_exactly_max_regression_passes():
-    decision = release_gate(_eval(**{**GOOD, "reverse": 0.95}), _eval(**{**GOOD, "reverse": 1.0}), GateThresholds())
+    decision = release_gate(_version(**{**GOOD, "reverse": 0.95}), _version("1", **{**GOOD, "reverse": 1.0}))
     assert decision.passed, decision.failures
 
 
 def test_a_current_eval_of_another_suite_is_not_compared():
-    decision = release_gate(_eval(**{**GOOD, "add": 0.10}), _eval(suite="old-suite", **GOOD), GateThresholds(),
-                            current_version="1")
-    assert decision.passed and not decision.regression_checked
+    decision = release_gate(_version(**{**GOOD, "add": 0.10}), _version("1", suite="old-suite", **GOOD))
+    assert decision.passed and not decision.compared["eval"]
 
 
 def test_a_missing_family_counts_as_zero():
-    candidate = _eval(reverse=0.98, add=0.98, sort=0.9)  # no "json"
-    decision = release_gate(candidate, _eval(**GOOD), GateThresholds(), current_version="1")
-    assert decision.failures == ["json: not measured (counts as 0%) < 90%", "json: 0.0% regresses from 96.0% (current 1)"]
+    candidate = _version(reverse=0.98, add=0.98, sort=0.9)  # no "json"
+    decision = release_gate(candidate, _version("1", **GOOD))
+    assert _messages(decision) == ["floor: json: not measured (counts as 0%) < 80%",
+                                   "regression: json: 0.0% regresses from 96.0% (current 1)"]
+
+
+def test_perplexity_has_a_ceiling_and_a_limit_on_its_rise():
+    assert _messages(release_gate(_version(perplexity=2.5, **GOOD))) == ["perplexity: 2.500 > ceiling 2"]
+    decision = release_gate(_version(perplexity=1.5, **GOOD), _version("1", perplexity=1.1, **GOOD))
+    assert _messages(decision) == ["perplexity: 1.500 rises more than 25% over 1.100 (current 1)"]
+    assert release_gate(_version(perplexity=1.375, **GOOD), _version("1", perplexity=1.1, **GOOD)).passed
+    assert release_gate(_version(perplexity=50.0, **GOOD), None, GateThresholds(max_perplexity=None)).passed
+
+
+def test_a_template_changed_since_the_evaluation_is_refused():
+    changed = Evidence("2", _eval(template="b" * 64, **GOOD), None, SHA)
+    assert _messages(release_gate(changed)) == [
+        "template: the chat template changed since the evaluation (evaluated with bbbbbbbbbbbb, ships aaaaaaaaaaaa): "
+        "re-run `aieng eval`"]
+    unrecorded = Evidence("2", _eval(template=None, **GOOD), None, SHA)
+    assert release_gate(unrecorded).rules_fired == ["template"]
+    assert release_gate(Evidence("2", _eval(template=None, **GOOD), None, None)).passed  # no template at all
+
+
+def test_performance_is_compared_only_under_the_same_load():
+    slow = {**BASELINE, "tokens_per_s": 700.0, "latency_p99_s": 0.9}
+    decision = release_gate(_version(baseline=slow, **GOOD), _version("1", baseline=BASELINE, **GOOD))
+    assert decision.compared == {"eval": True, "performance": True}
+    assert _messages(decision) == [
+        "performance: 700.0 tokens/s drops more than 20% below 1000.0 (current 1)",
+        "performance: p99 latency 0.900 s > 1.5 x 0.500 s (current 1)"]
+    other_load = {**slow, "concurrency": 8}
+    decision = release_gate(_version(baseline=other_load, **GOOD), _version("1", baseline=BASELINE, **GOOD))
+    assert decision.passed and not decision.compared["performance"]
+    at_the_limit = {**BASELINE, "tokens_per_s": 800.0, "latency_p99_s": 0.75}
+    assert release_gate(_version(baseline=at_the_limit, **GOOD), _version("1", baseline=BASELINE, **GOOD)).passed
 
 
 def test_every_rule_that_fires_is_reported():
-    candidate = _eval(reverse=0.5, json=0.84, add=0.80, sort=0.9)
-    decision = release_gate(candidate, _eval(**GOOD), GateThresholds(), current_version="3")
+    candidate = Evidence("3", _eval(reverse=0.5, json=0.74, add=0.80, sort=0.9, perplexity=3.0, template="c" * 64),
+                         {**BASELINE, "tokens_per_s": 10.0}, SHA)
+    decision = release_gate(candidate, _version("2", baseline=BASELINE, **GOOD))
     assert not decision.passed
-    assert decision.failures == [
-        "reverse: 50.0% < 90%",
-        "json: 84.0% < 90%",
-        "reverse: 50.0% regresses from 98.0% (current 3)",
-        "json: 84.0% regresses from 96.0% (current 3)",
-        "add: 80.0% regresses from 98.0% (current 3)",
+    assert decision.rules_fired == ["floor", "regression", "perplexity", "template", "performance"]
+    assert _messages(decision)[:5] == [
+        "floor: reverse: 50.0% < 80%",
+        "floor: json: 74.0% < 80%",
+        "regression: reverse: 50.0% regresses from 98.0% (current 2)",
+        "regression: json: 74.0% regresses from 96.0% (current 2)",
+        "regression: add: 80.0% regresses from 98.0% (current 2)",
     ]
 
 
 def test_thresholds_are_honoured():
     strict = GateThresholds(gate_families=("sort",), min_accuracy=0.95, max_regression=0.0)
-    decision = release_gate(_eval(**{**GOOD, "add": 0.97}), _eval(**GOOD), strict)
-    assert decision.failures == ["sort: 90.0% < 95%", "add: 97.0% regresses from 98.0% (current version)"]
+    current = Evidence(None, _eval(**GOOD), None, SHA)
+    decision = release_gate(_version(**{**GOOD, "add": 0.97}), current, strict)
+    assert _messages(decision) == ["floor: sort: 90.0% < 95%", "regression: add: 97.0% regresses from 98.0% (current version)"]
 
 
 def test_a_candidate_without_an_evaluation_is_refused():
     with pytest.raises(ValueError, match="evaluate it first"):
-        release_gate({}, None, GateThresholds())
-    assert isinstance(release_gate(_eval(**GOOD)), GateDecision)
+        release_gate(Evidence("2", None), None)

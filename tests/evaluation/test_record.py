@@ -26,6 +26,7 @@ def test_int8_result_and_delta_are_recorded_beside_the_full_precision_one(store)
     result = evaluate_version(store, ref, n_per_family=4, int8=True)
     recorded = store.manifest(ref).eval
     assert recorded["metrics"] == base["metrics"]  # the full-precision numbers are left alone
+    assert recorded["template_sha256"] == store.manifest(ref).prompt_template["sha256"]  # what the gate ties
     int8 = recorded["variants"]["int8"]
     for family, accuracy in int8["metrics"]["accuracy"].items():
         assert int8["delta"]["accuracy"][family] == pytest.approx(accuracy - base["metrics"]["accuracy"][family], abs=1e-4)

@@ -63,7 +63,7 @@ def test_deploy_gate_failure_keeps_current_and_leaves_a_candidate(store, runs, t
     failed_copies = sorted(runs.glob("*-deploy_model.ipynb"))
     record = failed_copies[-1].read_text()
     assert "eval gate failed" in record  # the failed run is on record too
-    assert "reverse: " in record and "< 90%" in record  # naming the family and the floor it missed
+    assert "floor: reverse: " in record and "< 80%" in record  # naming the rule, the family and the floor
 
 
 def test_deploy_refuses_a_reused_version_label_with_other_content(store, runs, tiny_demo_dir):

@@ -137,3 +137,18 @@ def test_a_version_registered_concurrently_wins_and_ours_is_discarded(store, tin
         store.register(tiny_llama, "tiny", "1")
     assert [p.name for p in store.version_dir("tiny", "1").iterdir()] == ["manifest.json"]
     assert [p.name for p in store.version_dir("tiny", "1").parent.iterdir()] == ["1"]
+
+
+def test_the_chat_template_gets_a_version_that_changes_only_with_its_hash(store, tiny_demo_dir, tmp_path):
+    import shutil
+
+    first = store.register(tiny_demo_dir, "demo", "1").prompt_template
+    assert first["version"] == 1 and first["source"] and len(first["sha256"]) == 64
+    assert store.register(tiny_demo_dir, "demo", "2").prompt_template == first  # same template, same version
+    changed = Path(shutil.copytree(tiny_demo_dir, tmp_path / "changed"))
+    config = json.loads((changed / "tokenizer_config.json").read_text())
+    config["chat_template"] = config["chat_template"] + "{# v2 #}"
+    (changed / "tokenizer_config.json").write_text(json.dumps(config))
+    second = store.register(changed, "demo", "3").prompt_template
+    assert second["version"] == 2 and second["sha256"] != first["sha256"]
+    assert store.register(tiny_demo_dir, "demo", "4").prompt_template["version"] == 1  # back to the first
