@@ -67,6 +67,12 @@ class Settings:
     metrics: bool = _setting(True, "record Prometheus metrics at /metrics (0 only to measure their cost)")
     log_payload_sample: float = _setting(0.0, "share of requests whose prompt and output are logged, in [0, 1]",
                                          kind="rate")
+    admin_token: str = field(default="", repr=False, metadata={  # a secret: never in a repr or a log line
+        "help": "bearer token of the admin routes (POST /admin/reload); empty = the routes do not exist",
+        "shown": "(empty)"})
+    reload_poll_s: float = _setting(1.0, "each worker checks the store's `current` this often and hot-swaps to it "
+                                         "when it changed (N alone in AIENG_MODEL; N@V pins); 0 = only on "
+                                         "POST /admin/reload")
 
     @classmethod
     def from_env(cls, **overrides) -> "Settings":

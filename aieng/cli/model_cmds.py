@@ -50,6 +50,7 @@ def add_parser(sub) -> None:
     p.add_argument("version")
     p.add_argument("--reason", default=None, help="why (kept in history.jsonl; required with --force)")
     p.add_argument("--force", action="store_true", help="promote even if the gate refuses (needs --reason)")
+    add_reload_option(p)
     add_gate_options(p)
     p.set_defaults(handler=_promote)
 
@@ -57,6 +58,7 @@ def add_parser(sub) -> None:
     p.add_argument("name")
     p.add_argument("--to", default=None, metavar="V", help="roll back to this version instead of the previous one")
     p.add_argument("--reason", default="rollback", help="why (kept in history.jsonl)")
+    add_reload_option(p)
     p.set_defaults(handler=_rollback)
 
     p = verbs.add_parser("remove", parents=[STORE], help="delete a version that is not current")
@@ -125,6 +127,20 @@ def _verify(args: argparse.Namespace) -> int:
     return 1
 
 
+def add_reload_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--reload", default=None, metavar="URL",
+                   help="then hot-swap the server at URL (POST /admin/reload with $AIENG_ADMIN_TOKEN) and wait "
+                        "until every worker serves the new version")
+
+
+def _reload(args: argparse.Namespace, version: str) -> None:
+    if args.reload:
+        from aieng.release.reload import reload_server
+
+        versions = reload_server(args.reload, version)
+        print(f"{args.reload}: {len(versions)} worker(s) serve {args.name}@{version}")
+
+
 def add_gate_options(p: argparse.ArgumentParser) -> None:
     """The release gate's thresholds as flags (defaults: ``GateThresholds``)."""
     g = p.add_argument_group("release gate thresholds (defaults in aieng/evaluation/gate.py)")
@@ -159,12 +175,14 @@ def _promote(args: argparse.Namespace) -> int:
         print(f"gate passed ({', '.join(k for k, v in result.decision.compared.items() if v) or 'no'} comparison "
               f"with the current version)")
     print(f"{args.name}: current {event['from'] or '(none)'} -> {event['to']}")
+    _reload(args, event["to"])
     return 0
 
 
 def _rollback(args: argparse.Namespace) -> int:
     event = store_from(args).rollback(args.name, args.to, reason=args.reason)
     print(f"{args.name}: rolled back {event['from']} -> {event['to']}")
+    _reload(args, event["to"])
     return 0
 
 

@@ -17,9 +17,8 @@ from aieng.errors import AiengError, ModelLoadError
 from aieng.loading.device import choose_device, choose_dtype
 from aieng.loading.memory import MemoryBudget, check_memory_budget
 from aieng.model_facts import model_context_length
-from aieng.observability.metrics import MODEL_INFO, MODEL_LOAD_ERRORS, MODEL_LOAD_SECONDS
+from aieng.observability.metrics import MODEL_LOAD_ERRORS, MODEL_LOAD_SECONDS
 from aieng.store import Manifest, ModelRef, ModelStore
-from aieng.store.hashing import fingerprint
 from aieng.store.introspect import inspect_folder, needs_remote_code, read_config
 
 
@@ -74,7 +73,6 @@ def load_version(store: ModelStore, ref: ModelRef, config: LoadConfig = LoadConf
         raise
     elapsed = time.perf_counter() - start
     MODEL_LOAD_SECONDS.labels(model=ref.name).observe(elapsed)
-    MODEL_INFO.labels(name=ref.name, version=version, sha256=fingerprint(manifest.files)).set(1)
     loaded.name, loaded.version, loaded.manifest, loaded.load_seconds = ref.name, version, manifest, elapsed
     return loaded
 

@@ -27,10 +27,14 @@ MODEL_LOAD_SECONDS = Histogram(
 MODEL_LOAD_ERRORS = Counter(
     "aieng_model_load_errors_total", "Model loads that failed, by error code.", ["model", "code"]
 )
+# One sample per live worker (``pid`` label): after a hot swap every worker must show the new
+# version with 1 (the old one with 0), and ``aieng model promote --reload`` checks exactly that.
 MODEL_INFO = Gauge(
-    "aieng_model_info", "The model version this process serves (value 1).", ["name", "version", "sha256"],
-    multiprocess_mode="max",
+    "aieng_model_info", "The model version each worker serves (1) or served before a hot swap (0).",
+    ["name", "version", "sha256"], multiprocess_mode="liveall",
 )
+MODEL_SWAPS = Counter("aieng_model_swaps_total", "Hot swaps of the served version, by outcome (ok, failed).",
+                      ["outcome"])
 
 # -- HTTP ---------------------------------------------------------------------------------------
 REQUESTS = Counter("aieng_requests_total", "HTTP requests by route and status code.", ["route", "code"])

@@ -38,7 +38,9 @@ def test_counters_add_up_across_two_workers_and_every_name_is_exported(two_worke
     assert snap.value("aieng_generation_tokens_total") >= n
     assert snap.value("aieng_requests_finished_total") >= n
     assert 0 < snap.quantile("aieng_time_to_first_token_seconds", 0.5) < 5
-    assert snap.value("aieng_model_info", name="demo", version="1") == 1
+    per_worker = {dict(labels)["pid"]: value for (name, labels), value in snap.samples.items()
+                  if name == "aieng_model_info" and dict(labels)["version"] == "1"}
+    assert len(per_worker) == 2 and set(per_worker.values()) == {1.0}  # one sample per live worker, none from the master
     assert snap.value("aieng_queue_capacity") == 2 * 256  # one queue per worker
     rss = snap.value("aieng_process_resident_memory_bytes")
     assert 50 * 2**20 < rss < 8 * 2**30

@@ -15,9 +15,10 @@ import uuid
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from aieng.errors import InvalidRequestError, ModelNotFoundError
+from aieng.errors import InvalidRequestError, ModelNotFoundError, NotReadyError
 from aieng.observability.metrics import update_resource_gauges
 from aieng.observability.prom import metrics_text
+from aieng.server.http.admin import install_admin_routes
 from aieng.server.http.disconnect import unless_disconnected
 from aieng.server.http.errors import install_error_handlers
 from aieng.server.http.middleware import BodySizeLimitMiddleware, RequestContextMiddleware
@@ -55,8 +56,10 @@ def create_app(runtime, *, max_body_bytes: int = 1_000_000, start_runtime: bool 
 
     @app.get("/v1/models")
     async def models() -> ModelList:
+        template = runtime.serving.template if runtime.serving is not None else {}
         return ModelList(data=[ModelCard(id=runtime.model_name, created=int(runtime.started_at),
-                                         version=runtime.model_version)])
+                                         version=runtime.model_version, template_version=template.get("version"),
+                                         template_sha256=template.get("sha256"))])
 
     @app.get("/metrics")
     async def metrics():
@@ -68,20 +71,47 @@ def create_app(runtime, *, max_body_bytes: int = 1_000_000, start_runtime: bool 
     async def completions(body: CompletionRequest, request: Request):
         await runtime.wait_ready()
         _check_common(runtime, body)
-        generation = await runtime.inputs.completion(body)
-        return await _respond(runtime, request, body, generation, chat=False, prompt=body.prompt)
+        serving, submission = await _submit(runtime, body, lambda s: s.inputs.completion(body))
+        return await _respond(runtime, serving, submission, request, body, chat=False, prompt=body.prompt)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         await runtime.wait_ready()
         _check_common(runtime, body)
-        generation = await runtime.inputs.chat(body)
-        return await _respond(runtime, request, body, generation, chat=True,
+        serving, submission = await _submit(runtime, body, lambda s: s.inputs.chat(body))
+        return await _respond(runtime, serving, submission, request, body, chat=True,
                               prompt=[m.model_dump() for m in body.messages])
+
+    if runtime.settings.admin_token:  # no token, no admin routes: they answer 404 like any unknown path
+        install_admin_routes(app, runtime)
 
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=max_body_bytes)
     app.add_middleware(RequestContextMiddleware, metrics_enabled=runtime.settings.metrics)
+
+    @app.middleware("http")
+    async def model_version_header(request: Request, call_next):
+        response = await call_next(request)
+        if "X-Model-Version" not in response.headers and runtime.model_version:  # generation routes set their own
+            response.headers["X-Model-Version"] = runtime.model_version
+        return response
+
     return app
+
+
+async def _submit(runtime, body, build):
+    """Render and tokenize with one serving version and queue with the same one.
+
+    A hot swap may retire the version between the two (its scheduler then refuses new work):
+    the request is rebuilt once on the version that replaced it, so a swap fails no request."""
+    for attempt in (0, 1):
+        serving = runtime.serving
+        generation = await build(serving)
+        try:
+            return serving, serving.bridge.submit(generation, priority=body.priority, timeout=body.timeout)
+        except NotReadyError:
+            if attempt or runtime.serving is serving or runtime.draining:
+                raise
+    raise AssertionError("unreachable")
 
 
 def _check_common(runtime, body) -> None:
@@ -93,9 +123,10 @@ def _check_common(runtime, body) -> None:
         raise InvalidRequestError(f"n must be 1, got {body.n}", param="n")
 
 
-async def _respond(runtime, request: Request, body, generation, *, chat: bool, prompt):
-    bridge = runtime.bridge
-    submission = bridge.submit(generation, priority=body.priority, timeout=body.timeout)
+async def _respond(runtime, serving, submission, request: Request, body, *, chat: bool, prompt):
+    bridge = serving.bridge
+    headers = {"X-Model-Version": serving.version}  # the version that serves this request, to its end
+    served_by = {"model_version": serving.version, "template_version": serving.template.get("version")}
     route = request.url.path
     sample = runtime.settings.log_payload_sample
     response_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
@@ -110,22 +141,24 @@ async def _respond(runtime, request: Request, body, generation, *, chat: bool, p
                                                  include_usage=include_usage):
                     yield chunk
             finally:
-                log_finished(submission, route=route, prompt=prompt, payload_sample=sample)
+                log_finished(submission, route=route, prompt=prompt, payload_sample=sample, served_by=served_by)
 
         return StreamingResponse(chunks(), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **headers})
     final = await unless_disconnected(bridge.result(submission), request.receive)
-    log_finished(submission, route=route, prompt=prompt, payload_sample=sample)
+    log_finished(submission, route=route, prompt=prompt, payload_sample=sample, served_by=served_by)
     if final is None:
-        return Response(status_code=CLIENT_CLOSED_REQUEST)
+        return Response(status_code=CLIENT_CLOSED_REQUEST, headers=headers)
     if final.error is not None:
         raise final.error
     text = "".join(submission.text_parts)
     usage = Usage(prompt_tokens=final.prompt_tokens, completion_tokens=final.completion_tokens,
                   total_tokens=final.prompt_tokens + final.completion_tokens)
     if chat:
-        return ChatCompletionResponse(id=response_id, created=created, model=runtime.model_name, usage=usage,
-                                      choices=[ChatChoice(message=AssistantMessage(content=text),
-                                                          finish_reason=final.finish_reason)])
-    return CompletionResponse(id=response_id, created=created, model=runtime.model_name, usage=usage,
-                              choices=[CompletionChoice(text=text, finish_reason=final.finish_reason)])
+        reply = ChatCompletionResponse(id=response_id, created=created, model=runtime.model_name, usage=usage,
+                                       choices=[ChatChoice(message=AssistantMessage(content=text),
+                                                           finish_reason=final.finish_reason)])
+    else:
+        reply = CompletionResponse(id=response_id, created=created, model=runtime.model_name, usage=usage,
+                                   choices=[CompletionChoice(text=text, finish_reason=final.finish_reason)])
+    return JSONResponse(reply.model_dump(), headers=headers)

@@ -17,9 +17,12 @@ from aieng.server.http.bridge import Submission
 log = logging.getLogger("aieng.request")
 
 
-def log_finished(submission: Submission, *, route: str, prompt=None, payload_sample: float = 0.0) -> None:
+def log_finished(submission: Submission, *, route: str, prompt=None, payload_sample: float = 0.0,
+                 served_by: dict | None = None) -> None:
+    """``served_by``: the version (and chat template version) that served it; during a hot swap
+    two versions are live, so the process-wide service fields cannot say which one it was."""
     final = submission.final
-    fields = {"route": route, "priority": submission.queued.priority,
+    fields = {"route": route, "priority": submission.queued.priority, **(served_by or {}),
               "prompt_tokens": len(submission.request.prompt_ids),
               "total_s": round(time.perf_counter() - submission.submitted, 4),
               **submission.queued.stats.log_fields()}

@@ -104,6 +104,8 @@ class ModelCard(BaseModel):
     created: int
     owned_by: str = "aieng"
     version: str | None = None
+    template_version: int | None = None  # the chat template's version (manifest.prompt_template)
+    template_sha256: str | None = None
 
 
 class ModelList(BaseModel):

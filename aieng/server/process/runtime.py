@@ -32,9 +32,8 @@ from aieng.loading.device import wants_cuda
 from aieng.loading.loader import LoadConfig, LoadedModel, load_version
 from aieng.observability.logs import set_service
 from aieng.scheduler import EngineLoop, SchedulerConfig
-from aieng.observability.observer import MetricsObserver
-from aieng.server.http.bridge import Bridge
-from aieng.server.http.inputs import RequestBuilder
+from aieng.server.process.hot_swap import HotSwapper
+from aieng.server.process.serving import Serving
 from aieng.server.process.compile_cache import compile_cache_counts, compile_cache_delta
 from aieng.server.process.startup import FAILED, PhasedStore, StartupProgress
 from aieng.settings import Settings
@@ -76,9 +75,10 @@ class Runtime:
         self.ref = parse_ref(self.settings.model)
         self.loaded: LoadedModel | None = None
         self.engine: Engine | None = None
+        self.serving: Serving | None = None  # what a request reads once: version, engine thread, bridge, inputs
         self.engine_loop: EngineLoop | None = None  # the engine thread; requests go to its scheduler
-        self.bridge: Bridge | None = None
-        self.inputs: RequestBuilder | None = None
+        self.bridge = None  # aieng.server.http.bridge.Bridge of the serving version
+        self.inputs = None  # aieng.server.http.inputs.RequestBuilder of the serving version
         self.ready = False
         self.draining = False
         self.started_at = time.time()
@@ -86,6 +86,7 @@ class Runtime:
         self.model_name = self.ref.name
         self.model_version: str | None = None
         self.progress = progress or StartupProgress()  # the phase a starting process is in; /health/ready shows it
+        self.swapper = HotSwapper(self)  # follows the store's `current` (hot_swap.py)
 
     # -- master --------------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -157,22 +158,28 @@ class Runtime:
         self.progress.begin("engine", f"building the engine and its scheduler, {torch.get_num_threads()} torch thread(s)")
         if self.engine is None:  # not built before fork (CUDA, several torch threads, or in-process use)
             self.engine = self._build_engine()
-        observers = [MetricsObserver()] if self.settings.metrics else []
         if self.engine.max_rows < self.config.scheduler.max_batch_size:  # the KV budget holds fewer rows
             log.warning("the KV cache budget holds %d rows of %d tokens: max_batch_size lowered from %d to %d "
                         "(raise AIENG_KV_CACHE_MB, or lower AIENG_MAX_BATCH_SIZE to silence this)",
                         self.engine.max_rows, self.engine.context_length, self.config.scheduler.max_batch_size,
                         self.engine.max_rows, extra={"event": "kv_budget_rows"})
             self.config.scheduler = replace(self.config.scheduler, max_batch_size=self.engine.max_rows)
-        self.engine_loop = EngineLoop(self.engine, self.config.scheduler, observers=observers)
-        self.bridge = Bridge(self.engine_loop.scheduler, metrics_enabled=self.settings.metrics)
-        self.inputs = RequestBuilder(self.engine)
+        self.install(Serving.build(self.model_name, self.loaded, self.engine, self.config.scheduler,
+                                   metrics_enabled=self.settings.metrics))
+        self.serving.publish(True)
         set_service(self.model_name, self.model_version)
         metrics.QUEUE_CAPACITY.set(self.config.scheduler.max_queue)
         for code in request_error_codes():
             metrics.REQUEST_ERRORS.labels(code=code)  # zeros from the start, so rate() and alerts work
         baseline = (self.loaded.manifest.performance_baseline or {}) if self.loaded.manifest else {}
         metrics.TOKENS_PER_SECOND_BASELINE.set(float(baseline.get("tokens_per_s") or 0.0))
+
+    def install(self, serving: Serving) -> None:
+        """Make ``serving`` the version new requests get: ``self.serving`` first (what a request
+        reads, once), then the attributes status and drain code read."""
+        self.serving = serving
+        self.loaded, self.engine, self.model_version = serving.loaded, serving.engine, serving.version
+        self.engine_loop, self.bridge, self.inputs = serving.engine_loop, serving.bridge, serving.inputs
 
     def _build_engine(self) -> Engine:
         return Engine(self.loaded.model, self.loaded.tokenizer, context_length=self.loaded.context_length,
@@ -191,6 +198,7 @@ class Runtime:
             raise
         self.ready = True
         self.progress.finish(warmup_s=round(self.warmup_seconds, 2))
+        self.swapper.watch()
         if self.engine.compile_status == "compiling":  # past its compile budget: serving eagerly meanwhile
             self.progress.begin("compile", "in the background; serving eagerly until the graphs are ready")
             threading.Thread(target=self._watch_compile, name="aieng-compile-watch", daemon=True).start()
@@ -232,6 +240,10 @@ class Runtime:
             return 503, {**exc.envelope(), "status": "failed" if snapshot["phase"] == FAILED else "starting",
                          **snapshot}
         body = {"status": "ready", "model": self.model_name, "version": self.model_version}
+        if self.serving is not None and self.serving.template:
+            body["template_version"] = self.serving.template.get("version")
+        if self.swapper.last is not None:  # the last hot swap, failed ones included: the old version still serves
+            body["swap"] = self.swapper.last.to_dict()
         if self.progress.running:  # a phase the engine runs while serving (a background compile)
             body.update(self.progress.snapshot())
         return 200, body
@@ -254,6 +266,7 @@ class Runtime:
             self.engine_loop.scheduler.drain()
 
     def stop(self) -> None:
+        self.swapper.stop()
         if self.engine_loop is not None:
             self.engine_loop.stop()
 

@@ -1,0 +1,59 @@
+"""Tell a running server to hot-swap, and confirm every worker did (``--reload URL``).
+
+``POST /admin/reload`` swaps the worker that receives it; the others follow the store's
+``current`` within ``AIENG_RELOAD_POLL_S``. So success is read from ``/metrics``, where
+``aieng_model_info`` has one sample per live worker: done when every worker serves the version.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import httpx
+
+from aieng.errors import AiengError, ConfigError
+from aieng.observability.scrape import scrape
+
+
+class ReloadError(AiengError):
+    code = "reload_failed"
+    status = 502
+
+
+def worker_versions(base_url: str) -> dict[str, str]:
+    """pid -> the version each live worker serves."""
+    return {dict(labels).get("pid", "-"): dict(labels)["version"]
+            for (name, labels), value in scrape(base_url).samples.items() if name == "aieng_model_info" and value == 1}
+
+
+def reload_server(base_url: str, version: str, *, token: str | None = None, timeout_s: float = 600.0,
+                  poll_s: float = 0.5) -> dict[str, str]:
+    """Ask ``base_url`` to swap to ``version`` (the store's ``current``) and wait until every
+    worker serves it. Returns pid -> version; raises ReloadError naming what went wrong."""
+    token = token if token is not None else os.environ.get("AIENG_ADMIN_TOKEN", "")
+    if not token:
+        raise ConfigError("--reload needs the server's admin token in AIENG_ADMIN_TOKEN")
+    base_url = base_url.rstrip("/")
+    try:
+        answer = httpx.post(f"{base_url}/admin/reload", headers={"Authorization": f"Bearer {token}"},
+                            timeout=timeout_s)
+    except httpx.HTTPError as exc:
+        raise ReloadError(f"could not reach {base_url}/admin/reload ({exc}); the store was switched, the server "
+                          "will follow within AIENG_RELOAD_POLL_S if it polls") from exc
+    if answer.status_code in (401, 403, 404):
+        raise ReloadError(f"{base_url}/admin/reload answered {answer.status_code}: the server needs "
+                          "AIENG_ADMIN_TOKEN set, and the same token here")
+    body = answer.json()
+    if answer.status_code != 200:
+        raise ReloadError(f"the server refused {version}: {body.get('error') or body}; it keeps serving "
+                          f"{body.get('previous')}. Roll the store back (`aieng model rollback`) so they agree")
+    deadline = time.monotonic() + timeout_s
+    while True:
+        versions = worker_versions(base_url)
+        if versions and set(versions.values()) == {version}:
+            return versions
+        if time.monotonic() > deadline:
+            raise ReloadError(f"not every worker serves {version} after {timeout_s:.0f} s: {versions}; "
+                              "see /health/ready's `swap` field and the server log")
+        time.sleep(poll_s)

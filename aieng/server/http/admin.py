@@ -1,0 +1,48 @@
+"""Admin routes: ``POST /admin/reload`` (hot-swap this worker to the store's ``current``).
+
+Installed only when ``AIENG_ADMIN_TOKEN`` is set, so a server started without one has no admin
+surface at all (404). The bearer token is compared in constant time (``hmac.compare_digest``):
+a missing or malformed ``Authorization`` header is 401, a wrong token 403.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from aieng.errors import AiengError
+
+
+class UnauthorizedError(AiengError):
+    code = "unauthorized"
+    status = 401
+    type = "authentication_error"
+
+
+class ForbiddenError(AiengError):
+    code = "forbidden"
+    status = 403
+    type = "permission_error"
+
+
+def check_token(header: str | None, token: str) -> None:
+    scheme, _, given = (header or "").partition(" ")
+    if scheme.lower() != "bearer" or not given:
+        raise UnauthorizedError("admin routes need `Authorization: Bearer <AIENG_ADMIN_TOKEN>`")
+    if not hmac.compare_digest(given.strip().encode(), token.encode()):
+        raise ForbiddenError("wrong admin token")
+
+
+def install_admin_routes(app: FastAPI, runtime) -> None:
+    @app.post("/admin/reload")
+    async def reload(request: Request):
+        """Swap this worker to the store's ``current`` now and answer when done (other workers
+        follow within ``AIENG_RELOAD_POLL_S``). 200 swapped or unchanged; 409 when the new
+        version failed to verify, load or warm up (the old one keeps serving)."""
+        check_token(request.headers.get("authorization"), runtime.settings.admin_token)
+        outcome = await asyncio.to_thread(runtime.swapper.check, forced=True)
+        status = {"swapped": 200, "unchanged": 200, "busy": 503}.get(outcome.status, 409)
+        return JSONResponse(outcome.to_dict(), status_code=status)

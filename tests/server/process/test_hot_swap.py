@@ -1,0 +1,162 @@
+"""Hot swap on a real 2-worker server under streaming load: promote and roll back with no failed
+request, every response naming its version; refused versions leave the old one serving; the
+admin route's authentication."""
+
+import asyncio
+import statistics
+import time
+
+import httpx
+import pytest
+
+from aieng.bench.server_process import ServerProcess
+from aieng.observability.scrape import scrape
+from aieng.store import ModelStore
+
+pytestmark = pytest.mark.slow
+
+TOKEN = "test-admin-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory, demo_model_dir):
+    store = ModelStore(tmp_path_factory.mktemp("swap-store"))
+    for version in ("1", "2"):
+        store.register(demo_model_dir, "demo", version)
+    store.promote("demo", "1")
+    return store
+
+
+@pytest.fixture(scope="module")
+def server(store):
+    env = {"AIENG_ADMIN_TOKEN": TOKEN, "AIENG_RELOAD_POLL_S": "0.5"}
+    with ServerProcess(store=store.root, extra_args=["--workers", "2"], env=env) as proc:
+        yield proc
+
+
+def worker_versions(base_url: str) -> dict[str, str]:
+    """pid -> the version each live worker serves (its aieng_model_info sample at 1)."""
+    return {dict(labels)["pid"]: dict(labels)["version"] for (name, labels), value in scrape(base_url).samples.items()
+            if name == "aieng_model_info" and value == 1}
+
+
+def wait_for_version(base_url: str, version: str, timeout: float = 240.0) -> float:
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        versions = worker_versions(base_url)
+        if len(versions) == 2 and set(versions.values()) == {version}:
+            return time.monotonic() - start
+        time.sleep(0.25)
+    raise AssertionError(f"workers did not all reach version {version}: {worker_versions(base_url)}")
+
+
+async def stream_clients(base_url: str, clients: int, stop: asyncio.Event, records: list):
+    """``clients`` streaming loops until ``stop``; one record per request: start, end, ok, version."""
+    async def one(client: httpx.AsyncClient, i: int):
+        while not stop.is_set():
+            started, ok, version = time.monotonic(), False, None
+            try:
+                async with client.stream("POST", "/v1/completions", json={
+                        "model": "demo", "prompt": f"reverse: swap{i}", "max_tokens": 12, "stream": True}) as r:
+                    version = r.headers.get("x-model-version")
+                    body = "".join([chunk async for chunk in r.aiter_text()])
+                    ok = r.status_code == 200 and body.rstrip().endswith("data: [DONE]")
+            except httpx.HTTPError:
+                ok = False
+            records.append((started, time.monotonic(), ok, version))
+
+    async with httpx.AsyncClient(base_url=base_url, timeout=60) as client:
+        await asyncio.gather(*(one(client, i) for i in range(clients)))
+
+
+def test_promote_and_rollback_under_load_fail_no_request(server, store):
+    async def scenario():
+        records, stop = [], asyncio.Event()
+        load = asyncio.create_task(stream_clients(server.base_url, 16, stop, records))
+        await asyncio.sleep(8)
+        steady_end = time.monotonic()
+        store.promote("demo", "2", reason="test: hot swap")
+        async with httpx.AsyncClient(base_url=server.base_url, timeout=300) as admin:
+            answer = await admin.post("/admin/reload", headers=AUTH)
+            assert answer.status_code == 200 and answer.json()["version"] == "2", answer.text
+            await asyncio.to_thread(wait_for_version, server.base_url, "2")
+            store.rollback("demo", reason="test: roll back under load")
+            answer = await admin.post("/admin/reload", headers=AUTH)
+            assert answer.status_code == 200 and answer.json()["version"] == "1", answer.text
+            await asyncio.to_thread(wait_for_version, server.base_url, "1")
+        swaps_end = time.monotonic()
+        await asyncio.sleep(3)
+        stop.set()
+        await load
+        return records, steady_end, swaps_end
+
+    records, steady_end, swaps_end = asyncio.run(scenario())
+    failed = [r for r in records if not r[2]]
+    assert not failed, f"{len(failed)} of {len(records)} requests failed"
+    assert all(version in ("1", "2") for *_, version in records)
+    served_by = {version for start, end, ok, version in records if steady_end < start < swaps_end}
+    assert served_by == {"1", "2"}  # the new version served traffic, then the old one again
+    assert all(version == "1" for start, end, ok, version in records if start > swaps_end + 1)
+    steady = [end - start for start, end, ok, _ in records if end < steady_end and start > steady_end - 6]
+    during = [end - start for start, end, ok, _ in records if steady_end < start < swaps_end]
+    p99 = lambda xs: statistics.quantiles(xs, n=100)[98]
+    print(f"hot swap under load: {len(records)} requests, {len(during)} during the swaps "
+          f"({swaps_end - steady_end:.1f} s), p99 {p99(during):.3f} s vs steady {p99(steady):.3f} s")
+    assert p99(during) <= 2 * p99(steady), f"p99 during the swaps {p99(during):.3f} s vs steady {p99(steady):.3f} s"
+    text = scrape(server.base_url)
+    assert text.value("aieng_model_swaps_total", outcome="ok") >= 4  # two workers, two swaps each
+
+
+def test_a_tampered_version_is_refused_and_the_old_one_keeps_serving(server, store, demo_model_dir):
+    store.register(demo_model_dir, "demo", "3")
+    weights = store.version_dir("demo", "3") / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-10] ^= 0xFF  # a flipped byte after registration
+    weights.write_bytes(bytes(data))
+    store._switch("demo", "3", action="promote", reason="test: bypass the verifying promote", actor="test")
+    try:
+        answer = httpx.post(f"{server.base_url}/admin/reload", headers=AUTH, timeout=120)
+        assert answer.status_code == 409 and answer.json()["status"] == "failed"
+        assert "failed verification" in answer.json()["error"]
+        reply = httpx.post(f"{server.base_url}/v1/completions", json={"model": "demo", "prompt": "reverse: ab",
+                                                                       "max_tokens": 4}, timeout=60)
+        assert reply.status_code == 200 and reply.headers["x-model-version"] == "1"
+        time.sleep(1.5)  # both workers polled `current` and refused it
+        ready = httpx.get(f"{server.base_url}/health/ready").json()
+        assert ready["version"] == "1" and ready["swap"]["status"] == "failed" and ready["swap"]["version"] == "3"
+        assert scrape(server.base_url).value("aieng_model_swaps_total", outcome="failed") >= 2
+        assert set(worker_versions(server.base_url).values()) == {"1"}
+    finally:
+        store._switch("demo", "1", action="rollback", reason="test: restore", actor="test")
+
+
+def test_admin_routes_need_the_token(server):
+    url = f"{server.base_url}/admin/reload"
+    assert httpx.post(url).status_code == 401
+    assert httpx.post(url, headers={"Authorization": "Basic abc"}).status_code == 401
+    wrong = httpx.post(url, headers={"Authorization": "Bearer nope"})
+    assert wrong.status_code == 403 and wrong.json()["error"]["code"] == "forbidden"
+    models = httpx.get(f"{server.base_url}/v1/models")
+    card = models.json()["data"][0]
+    assert models.headers["x-model-version"] == card["version"] == "1" and card["template_version"] == 1
+
+
+def test_the_cli_promotes_and_rolls_back_a_running_server(server, store, monkeypatch, capsys):
+    from aieng.cli.main import main
+
+    base = ["--store", str(store.root), "model"]
+    monkeypatch.delenv("AIENG_ADMIN_TOKEN", raising=False)
+    assert main([*base, "rollback", "demo", "--to", "2", "--reload", server.base_url]) == 1
+    assert "needs the server's admin token in AIENG_ADMIN_TOKEN" in capsys.readouterr().err
+    assert set(worker_versions(server.base_url).values()) == {"1"}  # the store moved, the server not yet told
+    monkeypatch.setenv("AIENG_ADMIN_TOKEN", TOKEN)
+    wait_for_version(server.base_url, "2")  # the workers follow `current` by themselves too
+    assert main([*base, "rollback", "demo", "--to", "1", "--reload", server.base_url]) == 0
+    assert "2 worker(s) serve demo@1" in capsys.readouterr().out
+    assert set(worker_versions(server.base_url).values()) == {"1"}
+
+
+def test_admin_routes_are_absent_without_a_token(demo_store):
+    with ServerProcess(store=demo_store.root, extra_args=["--workers", "1"]) as proc:
+        assert httpx.post(f"{proc.base_url}/admin/reload", headers=AUTH).status_code == 404
