@@ -10,7 +10,7 @@ import logging
 import sys
 
 from aieng import __version__
-from aieng.cli import bench_cmds, demo_cmds, eval_cmd, model_cmds, serve_cmd
+from aieng.cli import bench_cmds, demo_cmds, eval_cmd, model_cmds, release_cmds, serve_cmd
 from aieng.errors import AiengError
 
 
@@ -28,6 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     eval_cmd.add_parser(sub)
     serve_cmd.add_parser(sub)
     bench_cmds.add_parser(sub)
+    release_cmds.add_parser(sub)
     return parser
 
 

@@ -22,6 +22,8 @@ CASES = [
     ({"requests": 10, "seconds": 90.0}, BASELINE, HOLD, "insufficient_traffic"),
     ({"early_eos": 16}, BASELINE, ROLLBACK, "early_eos"),
     ({"early_eos": 15}, BASELINE, PROMOTE, "healthy"),
+    ({"early_eos": 90}, {**BASELINE, "early_eos_rate": 0.5}, PROMOTE, "healthy"),  # short replies are normal here
+    ({"early_eos": 100}, {**BASELINE, "early_eos_rate": 0.4}, ROLLBACK, "early_eos"),
     ({"latency_p99_s": 2.01}, BASELINE, ROLLBACK, "latency"),
     ({"latency_p99_s": 2.0}, BASELINE, PROMOTE, "healthy"),
     ({"ttft_p99_s": 0.5}, BASELINE, ROLLBACK, "ttft"),

@@ -11,7 +11,7 @@ import pytest
 
 from aieng.bench.server_process import ServerProcess
 from aieng.observability.scrape import scrape
-from aieng.store import ModelStore
+from aieng.store import ModelRef, ModelStore
 
 pytestmark = pytest.mark.slow
 
@@ -58,7 +58,7 @@ async def stream_clients(base_url: str, clients: int, stop: asyncio.Event, recor
             started, ok, version = time.monotonic(), False, None
             try:
                 async with client.stream("POST", "/v1/completions", json={
-                        "model": "demo", "prompt": f"reverse: swap{i}", "max_tokens": 12, "stream": True}) as r:
+                        "model": "demo", "prompt": f"reverse: swap{i}", "max_tokens": 10, "stream": True}) as r:
                     version = r.headers.get("x-model-version")
                     body = "".join([chunk async for chunk in r.aiter_text()])
                     ok = r.status_code == 200 and body.rstrip().endswith("data: [DONE]")
@@ -155,6 +155,46 @@ def test_the_cli_promotes_and_rolls_back_a_running_server(server, store, monkeyp
     assert main([*base, "rollback", "demo", "--to", "1", "--reload", server.base_url]) == 0
     assert "2 worker(s) serve demo@1" in capsys.readouterr().out
     assert set(worker_versions(server.base_url).values()) == {"1"}
+
+
+def test_the_watchdog_rolls_back_a_version_that_misses_its_baseline_unattended(server, store, monkeypatch):
+    """v2's recorded baseline promises a p99 far below what it does here: live, its latency is
+    more than twice the baseline, so the watchdog rolls back to v1 and swaps the server, alone."""
+    import threading
+
+    from aieng.cli.main import main
+
+    monkeypatch.setenv("AIENG_ADMIN_TOKEN", TOKEN)
+    store.update_manifest(ModelRef("demo", "2"), performance_baseline={
+        "concurrency": 8, "max_tokens": 10, "tokens_per_s": 1e6, "latency_p99_s": 0.001, "ttft_p99_s": 0.001})
+    store.promote("demo", "2", reason="test: forced past the gate")
+    wait_for_version(server.base_url, "2")
+    stop, records = asyncio.Event(), []
+    load = threading.Thread(target=lambda: asyncio.run(_load_until(server.base_url, stop, records)), daemon=True)
+    load.start()
+    try:
+        code = main(["--store", str(store.root), "release", "watch", "demo", "--url", server.base_url,
+                     "--window", "20", "--interval", "1", "--min-requests", "10"])
+    finally:
+        stop.set()
+        load.join(60)
+    assert code == 3 and store.current("demo") == "1"
+    assert set(worker_versions(server.base_url).values()) == {"1"}
+    rollback, watched = store.history("demo")[-2:]
+    assert rollback["action"] == "rollback" and rollback["reason"].startswith("watchdog: latency: p99 latency")
+    assert watched["action"] == "watch_rollback" and watched["decision"]["rule"] == "latency"
+    assert records and all(ok for *_, ok, _ in records)  # the rollback under load failed nothing either
+
+
+async def _load_until(base_url, stop, records):
+    async def stopper():
+        while not stop.is_set():
+            await asyncio.sleep(0.1)
+    event = asyncio.Event()
+    task = asyncio.create_task(stream_clients(base_url, 8, event, records))
+    await stopper()
+    event.set()
+    await task
 
 
 def test_admin_routes_are_absent_without_a_token(demo_store):

@@ -1,0 +1,55 @@
+"""``aieng release ...``: act on a running service after a release."""
+
+from __future__ import annotations
+
+import argparse
+
+from aieng.cli.common import store_option_parent, store_from
+
+STORE = store_option_parent()
+
+
+def add_parser(sub) -> None:
+    release = sub.add_parser("release", help="watch a release on a running server and roll back on its own",
+                             description="Release operations against a running aieng server.")
+    verbs = release.add_subparsers(dest="verb", metavar="VERB", required=True)
+    p = verbs.add_parser("watch", parents=[STORE], help="judge the live metrics after a swap; roll back if they degrade",
+                         description="Scrape URL/metrics every --interval seconds and apply the rollback decision "
+                                     "(aieng/release/decision.py) to what the server did since the watch began: "
+                                     "error rate, early-EOS rate, p99 latency and TTFT against the version's "
+                                     "performance baseline (or the previous version's), throughput at comparable "
+                                     "load. On `rollback` it rolls the store back and hot-swaps the server "
+                                     "($AIENG_ADMIN_TOKEN); on `promote` (healthy for --window) it records the "
+                                     "confirmation. Every outcome goes to history.jsonl. Exit 0 when the version "
+                                     "held, 3 when it was rolled back, 4 when still undecided at --max-wait.")
+    p.add_argument("name")
+    p.add_argument("--url", required=True, help="the server, e.g. http://127.0.0.1:8000")
+    p.add_argument("--window", type=float, default=60.0, help="seconds the version must stay healthy (default 60)")
+    p.add_argument("--interval", type=float, default=5.0, help="seconds between checks (default 5)")
+    p.add_argument("--max-wait", type=float, default=None, help="give up undecided after this long (default 3 x window)")
+    p.add_argument("--min-requests", type=int, default=None, help="requests needed before latency is judged (default 20)")
+    p.add_argument("--max-error-rate", type=float, default=None, help="default 0.05")
+    p.add_argument("--max-latency-ratio", type=float, default=None, help="p99 vs baseline (default 2)")
+    p.add_argument("--max-early-eos-rate", type=float, default=None, help="default 0.15")
+    p.set_defaults(handler=_watch)
+
+
+def _watch(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from aieng.release.decision import PROMOTE, RollbackThresholds
+    from aieng.release.watch import watch
+
+    overrides = {"window_s": args.window, "min_requests": args.min_requests, "max_error_rate": args.max_error_rate,
+                 "max_latency_ratio": args.max_latency_ratio, "max_early_eos_rate": args.max_early_eos_rate}
+    thresholds = replace(RollbackThresholds(), **{k: v for k, v in overrides.items() if v is not None})
+    result = watch(store_from(args), args.name, args.url, thresholds=thresholds, interval_s=args.interval,
+                   max_wait_s=args.max_wait)
+    if result.rolled_back_to:
+        print(f"rolled back {args.name}@{result.version} -> {result.rolled_back_to}: {result.decision.reason}")
+        return 3
+    if result.decision.action == PROMOTE:
+        print(f"{args.name}@{result.version} held for its window: {result.decision.reason}")
+        return 0
+    print(f"{args.name}@{result.version} undecided: {result.decision.reason}")
+    return 4

@@ -1,0 +1,108 @@
+"""``aieng release watch``: after a swap, judge the live metrics and roll back unattended.
+
+Every ``interval`` it scrapes the server's ``/metrics``, turns the increase since the watch began
+into a ``decision.Window`` and applies ``decision.decide``: on ``rollback`` it rolls the store
+back (the reason names the rule and its numbers), hot-swaps the server and stops; on
+``promote`` it records that the version held for its window; on ``hold`` it keeps watching, up
+to ``max_wait_s``. Every outcome is written to ``history.jsonl``.
+
+Outside the server on purpose: a watchdog inside a worker would judge only that worker's
+traffic and could die with it; this one reads the merged metrics of every worker, like
+Prometheus does, and is run by the operator (or the deploy runbook) after a release.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from aieng.observability.scrape import Snapshot, delta, scrape
+from aieng.release.decision import HOLD, PROMOTE, ROLLBACK, Decision, RollbackThresholds, Window, decide
+from aieng.store import ModelRef, ModelStore
+
+GENERATION_ROUTES = ("/v1/completions", "/v1/chat/completions")
+
+
+def window_between(before: Snapshot, after: Snapshot, seconds: float, running: list[float],
+                   *, eval_regressed: bool = False) -> Window:
+    """The server's work between two scrapes, as the decision reads it."""
+    d = delta(before, after)
+    requests = errors = 0.0
+    for (name, labels), value in d.samples.items():
+        items = dict(labels)
+        if name == "aieng_requests_total" and items.get("route") in GENERATION_ROUTES:
+            requests += value
+            errors += value if items.get("code", "").startswith("5") else 0.0
+    finished = d.value("aieng_requests_finished_total")
+
+    def p99(histogram: str) -> float | None:
+        value = d.quantile(histogram, 0.99)
+        return None if value != value else value  # NaN: nothing observed
+
+    return Window(seconds=seconds, requests=int(requests), errors=int(errors), early_eos=int(d.value("aieng_eos_early_total")),
+                  latency_p99_s=p99("aieng_request_duration_seconds") if finished else None,
+                  ttft_p99_s=p99("aieng_time_to_first_token_seconds") if finished else None,
+                  tokens_per_s=d.value("aieng_generation_tokens_total") / seconds if seconds > 0 else None,
+                  mean_running=sum(running) / len(running) if running else 0.0, eval_regressed=eval_regressed)
+
+
+@dataclass
+class WatchResult:
+    decision: Decision
+    version: str
+    rolled_back_to: str | None = None
+    checks: list[dict] = field(default_factory=list)  # one per interval: seconds, requests, action, rule
+
+
+def watch(store: ModelStore, name: str, url: str, *, thresholds: RollbackThresholds = RollbackThresholds(),
+          interval_s: float = 5.0, max_wait_s: float | None = None, reload: Callable[[str, str], object] | None = None,
+          log: Callable[[str], None] = print, sleep: Callable[[float], None] = time.sleep) -> WatchResult:
+    """Watch ``name``'s current version on the server at ``url`` and act on the decision.
+
+    ``reload(url, version)`` hot-swaps the server after a rollback (``release.reload.reload_server``
+    by default)."""
+    if reload is None:
+        from aieng.release.reload import reload_server as reload
+    version = store.current(name)
+    if version is None:
+        raise ValueError(f"{name} has no current version to watch")
+    baseline = _baseline(store, name, version)
+    max_wait_s = max_wait_s if max_wait_s is not None else 3 * thresholds.window_s
+    start, first = time.monotonic(), scrape(url)
+    running: list[float] = []
+    checks: list[dict] = []
+    while True:
+        sleep(interval_s)
+        now = scrape(url)
+        running.append(now.value("aieng_requests_running"))
+        window = window_between(first, now, time.monotonic() - start, running)
+        decision = decide(window, baseline, thresholds)
+        checks.append({"seconds": round(window.seconds, 1), "requests": window.requests, "errors": window.errors,
+                       "action": decision.action, "rule": decision.rule})
+        log(f"[watch {name}@{version}] {window.seconds:5.0f} s  {window.requests:5d} requests  "
+            f"{window.errors} errors  -> {decision.action} ({decision.rule}): {decision.reason}")
+        if decision.action == ROLLBACK:
+            event = store.rollback(name, reason=f"watchdog: {decision.rule}: {decision.reason}", actor="aieng release watch")
+            reload(url, event["to"])
+            store.record_event(name, {"action": "watch_rollback", "from": version, "to": event["to"],
+                                      "reason": decision.reason, "actor": "aieng release watch",
+                                      "decision": decision.to_dict(), "checks": checks})
+            return WatchResult(decision, version, event["to"], checks)
+        if decision.action == PROMOTE or window.seconds >= max_wait_s:
+            store.record_event(name, {"action": "watch_confirmed" if decision.action == PROMOTE else "watch_undecided",
+                                      "from": version, "to": version, "reason": decision.reason,
+                                      "actor": "aieng release watch", "decision": decision.to_dict(), "checks": checks})
+            return WatchResult(decision if decision.action == PROMOTE else Decision(HOLD, decision.rule, decision.reason),
+                               version, None, checks)
+
+
+def _baseline(store: ModelStore, name: str, version: str) -> dict | None:
+    """The version's own performance baseline, else the one it replaced (same model, same load)."""
+    own = store.manifest(ModelRef(name, version)).performance_baseline
+    if own:
+        return own
+    for event in reversed(store.history(name)):
+        if event.get("action") in ("promote", "rollback") and event.get("to") == version and event.get("from"):
+            return store.manifest(ModelRef(name, event["from"])).performance_baseline
+    return None
