@@ -197,6 +197,18 @@ async def _load_until(base_url, stop, records):
     await task
 
 
+def test_the_runbooks_hot_swap_the_running_server(server, store, monkeypatch, tmp_path):
+    from aieng.runbooks import execute
+
+    monkeypatch.setenv("AIENG_ADMIN_TOKEN", TOKEN)
+    params = {"name": "demo", "store": str(store.root), "dry_run": False, "server_url": server.base_url}
+    execute("rollback", {**params, "to_version": "2"}, runs_dir=tmp_path)
+    assert store.current("demo") == "2" and set(worker_versions(server.base_url).values()) == {"2"}
+    record = execute("rollback", {**params, "to_version": "1"}, runs_dir=tmp_path).read_text()
+    assert "serves demo@1 on every worker (no restart)" in record
+    assert set(worker_versions(server.base_url).values()) == {"1"}
+
+
 def test_admin_routes_are_absent_without_a_token(demo_store):
     with ServerProcess(store=demo_store.root, extra_args=["--workers", "1"]) as proc:
         assert httpx.post(f"{proc.base_url}/admin/reload", headers=AUTH).status_code == 404
