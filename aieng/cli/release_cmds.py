@@ -31,6 +31,8 @@ def add_parser(sub) -> None:
     p.add_argument("--max-error-rate", type=float, default=None, help="default 0.05")
     p.add_argument("--max-latency-ratio", type=float, default=None, help="p99 vs baseline (default 2)")
     p.add_argument("--max-early-eos-rate", type=float, default=None, help="default 0.15")
+    p.add_argument("--no-probe", action="store_true",
+                   help="skip the live quality probe (held-out prompts per family asked of the server first)")
     p.set_defaults(handler=_watch)
 
 
@@ -44,7 +46,7 @@ def _watch(args: argparse.Namespace) -> int:
                  "max_latency_ratio": args.max_latency_ratio, "max_early_eos_rate": args.max_early_eos_rate}
     thresholds = replace(RollbackThresholds(), **{k: v for k, v in overrides.items() if v is not None})
     result = watch(store_from(args), args.name, args.url, thresholds=thresholds, interval_s=args.interval,
-                   max_wait_s=args.max_wait)
+                   max_wait_s=args.max_wait, probe=not args.no_probe)
     if result.rolled_back_to:
         print(f"rolled back {args.name}@{result.version} -> {result.rolled_back_to}: {result.decision.reason}")
         return 3

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from aieng.observability.scrape import Snapshot, delta, scrape
 from aieng.release.decision import HOLD, PROMOTE, ROLLBACK, Decision, RollbackThresholds, Window, decide
+from aieng.release.probe import quality_probe, regressed
 from aieng.store import ModelRef, ModelStore
 
 GENERATION_ROUTES = ("/v1/completions", "/v1/chat/completions")
@@ -57,11 +58,13 @@ class WatchResult:
 
 def watch(store: ModelStore, name: str, url: str, *, thresholds: RollbackThresholds = RollbackThresholds(),
           interval_s: float = 5.0, max_wait_s: float | None = None, reload: Callable[[str, str], object] | None = None,
-          log: Callable[[str], None] = print, sleep: Callable[[float], None] = time.sleep) -> WatchResult:
+          probe: bool = True, log: Callable[[str], None] = print, sleep: Callable[[float], None] = time.sleep) -> WatchResult:
     """Watch ``name``'s current version on the server at ``url`` and act on the decision.
 
-    ``reload(url, version)`` hot-swaps the server after a rollback (``release.reload.reload_server``
-    by default)."""
+    ``probe``: first ask the server a few held-out prompts per family (``probe.quality_probe``)
+    and count it as an eval regression when a family falls well below the stable version's
+    recorded eval. ``reload(url, version)`` hot-swaps the server after a rollback
+    (``release.reload.reload_server`` by default)."""
     if reload is None:
         from aieng.release.reload import reload_server as reload
     version = store.current(name)
@@ -72,18 +75,24 @@ def watch(store: ModelStore, name: str, url: str, *, thresholds: RollbackThresho
     start, first = time.monotonic(), scrape(url)
     running: list[float] = []
     checks: list[dict] = []
+    quality_drop: list[str] = []
+    if probe:
+        live = quality_probe(url, name)
+        quality_drop = regressed(live, _reference_accuracy(store, name, version))
+        log(f"[watch {name}@{version}] quality probe: {live}" + (f"; regressed: {quality_drop}" if quality_drop else ""))
     while True:
         sleep(interval_s)
         now = scrape(url)
         running.append(now.value("aieng_requests_running"))
-        window = window_between(first, now, time.monotonic() - start, running)
+        window = window_between(first, now, time.monotonic() - start, running, eval_regressed=bool(quality_drop))
         decision = decide(window, baseline, thresholds)
         checks.append({"seconds": round(window.seconds, 1), "requests": window.requests, "errors": window.errors,
                        "action": decision.action, "rule": decision.rule})
         log(f"[watch {name}@{version}] {window.seconds:5.0f} s  {window.requests:5d} requests  "
             f"{window.errors} errors  -> {decision.action} ({decision.rule}): {decision.reason}")
         if decision.action == ROLLBACK:
-            event = store.rollback(name, reason=f"watchdog: {decision.rule}: {decision.reason}", actor="aieng release watch")
+            why = decision.reason + (f" ({'; '.join(quality_drop)})" if decision.rule == "eval_regression" else "")
+            event = store.rollback(name, reason=f"watchdog: {decision.rule}: {why}", actor="aieng release watch")
             reload(url, event["to"])
             store.record_event(name, {"action": "watch_rollback", "from": version, "to": event["to"],
                                       "reason": decision.reason, "actor": "aieng release watch",
@@ -97,12 +106,28 @@ def watch(store: ModelStore, name: str, url: str, *, thresholds: RollbackThresho
                                version, None, checks)
 
 
+def _previous(store: ModelStore, name: str, version: str) -> str | None:
+    """The version that ``version`` replaced, from history."""
+    for event in reversed(store.history(name)):
+        if event.get("action") in ("promote", "rollback") and event.get("to") == version and event.get("from"):
+            return event["from"]
+    return None
+
+
+def _reference_accuracy(store: ModelStore, name: str, version: str) -> dict | None:
+    """What the probe is held to: the replaced (stable) version's recorded accuracy, else the version's own."""
+    for candidate in (_previous(store, name, version), version):
+        if candidate and candidate in store.versions(name):
+            recorded = store.manifest(ModelRef(name, candidate)).eval or {}
+            if "accuracy" in recorded.get("metrics", {}):
+                return recorded["metrics"]["accuracy"]
+    return None
+
+
 def _baseline(store: ModelStore, name: str, version: str) -> dict | None:
     """The version's own performance baseline, else the one it replaced (same model, same load)."""
     own = store.manifest(ModelRef(name, version)).performance_baseline
-    if own:
+    previous = _previous(store, name, version)
+    if own or previous is None or previous not in store.versions(name):
         return own
-    for event in reversed(store.history(name)):
-        if event.get("action") in ("promote", "rollback") and event.get("to") == version and event.get("from"):
-            return store.manifest(ModelRef(name, event["from"])).performance_baseline
-    return None
+    return store.manifest(ModelRef(name, previous)).performance_baseline

@@ -174,7 +174,7 @@ def test_the_watchdog_rolls_back_a_version_that_misses_its_baseline_unattended(s
     load.start()
     try:
         code = main(["--store", str(store.root), "release", "watch", "demo", "--url", server.base_url,
-                     "--window", "20", "--interval", "1", "--min-requests", "10"])
+                     "--window", "20", "--interval", "1", "--min-requests", "10", "--no-probe"])
     finally:
         stop.set()
         load.join(60)
@@ -207,6 +207,27 @@ def test_the_runbooks_hot_swap_the_running_server(server, store, monkeypatch, tm
     record = execute("rollback", {**params, "to_version": "1"}, runs_dir=tmp_path).read_text()
     assert "serves demo@1 on every worker (no restart)" in record
     assert set(worker_versions(server.base_url).values()) == {"1"}
+
+
+def test_the_watchdog_probe_rolls_back_a_fast_but_wrong_version(server, store, monkeypatch, tmp_path, demo_model_dir):
+    """Noisy weights: as fast as v1, no errors, wrong answers. Only the live quality probe sees it."""
+    from aieng.demo.degrade import perturbed_copy
+    from aieng.release.watch import watch
+
+    monkeypatch.setenv("AIENG_ADMIN_TOKEN", TOKEN)
+    store.update_manifest(ModelRef("demo", "1"), eval={"suite": "demo-heldout-v1", "n_per_family": 50, "metrics": {
+        "accuracy": {"reverse": 1.0, "json": 1.0, "add": 0.98, "sort": 1.0}, "perplexity": 1.01}})
+    store.register(perturbed_copy(demo_model_dir, tmp_path / "noisy"), "demo", "4")
+    store.promote("demo", "4", reason="test: a broken version forced live")
+    wait_for_version(server.base_url, "4")
+    result = watch(store, "demo", server.base_url, interval_s=0.5, log=lambda _: None)
+    assert result.rolled_back_to == "1" and result.decision.rule == "eval_regression"
+    assert store.history("demo")[-2]["reason"].startswith("watchdog: eval_regression:")
+    assert set(worker_versions(server.base_url).values()) == {"1"}
+    from aieng.release.probe import quality_probe, regressed
+
+    healthy = quality_probe(server.base_url, "demo")  # the same probe passes the version that is fine
+    assert not regressed(healthy, store.manifest(ModelRef("demo", "1")).eval["metrics"]["accuracy"]), healthy
 
 
 def test_admin_routes_are_absent_without_a_token(demo_store):
