@@ -197,6 +197,12 @@ class Engine:
                     if event.finished:
                         return
 
+    def share_graphs(self, other: "Engine") -> bool:
+        """Reuse ``other``'s compiled graphs when both run the native forward on weights of the same
+        layout (a hot swap between versions of one architecture); True when shared."""
+        mine, theirs = getattr(self.runner, "net", None), getattr(other.runner, "net", None)
+        return mine is not None and theirs is not None and mine.share_graphs(theirs)
+
     def warmup(self, progress: Callable[[str], None] | None = None) -> float:
         """Run representative shapes so the first real request pays no lazy set-up, and build the
         compiled graphs (``progress(detail)`` hears about each shape as it starts).

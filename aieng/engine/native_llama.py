@@ -270,6 +270,21 @@ class NativeLlama:
     def num_layers(self) -> int:
         return len(self.layers)
 
+    def layout(self) -> tuple:
+        """Everything the compiled stack's guards check about the weights: two models with the same
+        layout run the same graphs (weights are graph inputs, not constants)."""
+        def of(layers):
+            return None if layers is None else tuple((t.shape, t.dtype) for t in layers[0].matrices)
+        return self.dims, self.num_layers, self.dtype, of(self.layers), of(self.layers_bf16)
+
+    def share_graphs(self, other: "NativeLlama") -> bool:
+        """Use ``other``'s compiled stack when the layouts match: a hot swap to a version of the
+        same architecture then warms up without tracing or compiling anything."""
+        if self.compiled_stack is None or other.compiled_stack is None or self.layout() != other.layout():
+            return False
+        self.compiled_stack = other.compiled_stack
+        return True
+
     def weights(self, bf16: bool) -> list[LayerWeights]:
         return self.layers_bf16 if bf16 and self.layers_bf16 is not None else self.layers
 

@@ -308,3 +308,20 @@ def test_without_compilation_a_measured_plan_keeps_a_bf16_copy_only_if_it_uses_b
     runner = Engine(model, tokenizer, config=EngineConfig(compile=False, weight_formats="auto")).runner
     assert runner.formats.measured
     assert (runner.net.layers_bf16 is not None) == runner.formats.uses_bf16
+
+
+def test_a_second_engine_of_the_same_layout_shares_the_graphs_and_compiles_nothing(compiled_engine, demo, qwen, render):
+    """What a hot swap between versions of one architecture relies on: the new engine's warm-up
+    reuses the serving engine's compiled stack (weights are inputs), and answers the same."""
+    model, tokenizer = demo
+    second = Engine(model, tokenizer, config=EngineConfig(compile=True))
+    assert second.share_graphs(compiled_engine)
+    counters.clear()
+    second.warmup()
+    assert counters["stats"]["unique_graphs"] == 0, dict(counters["stats"])  # nothing traced or compiled
+    params = SamplingParams(max_tokens=8, temperature=0)
+    prompts = [render("reverse: abcd"), render("add: 12+30")]
+    assert second.generate(prompts, params) == compiled_engine.generate(prompts, params)
+    other_model, other_tokenizer = qwen
+    other = Engine(other_model, other_tokenizer, config=EngineConfig(compile=True))
+    assert not other.share_graphs(compiled_engine)  # another layout keeps graphs of its own
