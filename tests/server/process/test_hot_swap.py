@@ -5,6 +5,7 @@ admin route's authentication."""
 import asyncio
 import statistics
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -129,6 +130,29 @@ def test_a_tampered_version_is_refused_and_the_old_one_keeps_serving(server, sto
         assert set(worker_versions(server.base_url).values()) == {"1"}
     finally:
         store._switch("demo", "1", action="rollback", reason="test: restore", actor="test")
+
+
+def test_a_version_that_fails_to_load_is_refused_and_the_old_one_keeps_serving(server, store, demo_model_dir, tmp_path):
+    """Hashes fine, weights do not fit the config: loading fails, the running version stays."""
+    import json
+    import shutil
+
+    broken = Path(shutil.copytree(demo_model_dir, tmp_path / "broken"))
+    config = json.loads((broken / "config.json").read_text())
+    config["intermediate_size"] *= 2  # the stored matrices no longer have the shapes the config announces
+    (broken / "config.json").write_text(json.dumps(config))
+    store.register(broken, "demo", "5")
+    store.promote("demo", "5", reason="test: a version that cannot load")
+    try:
+        answer = httpx.post(f"{server.base_url}/admin/reload", headers=AUTH, timeout=120)
+        assert answer.status_code == 409 and answer.json()["status"] == "failed", answer.text
+        assert "verification" not in answer.json()["error"]  # the hashes were fine: loading itself failed
+        reply = httpx.post(f"{server.base_url}/v1/completions", json={"model": "demo", "prompt": "reverse: ab",
+                                                                       "max_tokens": 4}, timeout=60)
+        assert reply.status_code == 200 and reply.headers["x-model-version"] == "1"
+        assert set(worker_versions(server.base_url).values()) == {"1"}
+    finally:
+        store.rollback("demo", "1", reason="test: restore")
 
 
 def test_admin_routes_need_the_token(server):
