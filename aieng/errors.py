@@ -86,6 +86,29 @@ class GateRefusedError(AiengError):
         self.decision = decision
 
 
+
+class UnauthorizedError(AiengError):
+    """An admin route without ``Authorization: Bearer <token>``."""
+
+    code = "unauthorized"
+    status = 401
+    type = "authentication_error"
+
+
+class ForbiddenError(AiengError):
+    """An admin route with the wrong token."""
+
+    code = "forbidden"
+    status = 403
+    type = "permission_error"
+
+
+class ReloadError(AiengError):
+    """A running server did not end on the version it was asked to serve (``--reload``)."""
+
+    code = "reload_failed"
+    status = 502
+
 class VerificationError(AiengError):
     """Stored files do not match their manifest hashes: the version must not be loaded."""
 

@@ -12,13 +12,8 @@ import time
 
 import httpx
 
-from aieng.errors import AiengError, ConfigError
+from aieng.errors import ConfigError, ReloadError
 from aieng.observability.scrape import scrape
-
-
-class ReloadError(AiengError):
-    code = "reload_failed"
-    status = 502
 
 
 def worker_versions(base_url: str) -> dict[str, str]:

@@ -13,19 +13,7 @@ import hmac
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from aieng.errors import AiengError
-
-
-class UnauthorizedError(AiengError):
-    code = "unauthorized"
-    status = 401
-    type = "authentication_error"
-
-
-class ForbiddenError(AiengError):
-    code = "forbidden"
-    status = 403
-    type = "permission_error"
+from aieng.errors import ForbiddenError, UnauthorizedError
 
 
 def check_token(header: str | None, token: str) -> None:

@@ -103,15 +103,14 @@ async def _submit(runtime, body, build):
 
     A hot swap may retire the version between the two (its scheduler then refuses new work):
     the request is rebuilt once on the version that replaced it, so a swap fails no request."""
-    for attempt in (0, 1):
-        serving = runtime.serving
-        generation = await build(serving)
-        try:
-            return serving, serving.bridge.submit(generation, priority=body.priority, timeout=body.timeout)
-        except NotReadyError:
-            if attempt or runtime.serving is serving or runtime.draining:
-                raise
-    raise AssertionError("unreachable")
+    serving = runtime.serving
+    try:
+        return serving, serving.bridge.submit(await build(serving), priority=body.priority, timeout=body.timeout)
+    except NotReadyError:
+        if runtime.serving is serving or runtime.draining:
+            raise
+    serving = runtime.serving  # the version that replaced it
+    return serving, serving.bridge.submit(await build(serving), priority=body.priority, timeout=body.timeout)
 
 
 def _check_common(runtime, body) -> None:

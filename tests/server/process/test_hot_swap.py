@@ -12,6 +12,7 @@ import pytest
 
 from aieng.bench.server_process import ServerProcess
 from aieng.observability.scrape import scrape
+from aieng.release.reload import worker_versions
 from aieng.store import ModelRef, ModelStore
 
 pytestmark = pytest.mark.slow
@@ -34,12 +35,6 @@ def server(store):
     env = {"AIENG_ADMIN_TOKEN": TOKEN, "AIENG_RELOAD_POLL_S": "0.5"}
     with ServerProcess(store=store.root, extra_args=["--workers", "2"], env=env) as proc:
         yield proc
-
-
-def worker_versions(base_url: str) -> dict[str, str]:
-    """pid -> the version each live worker serves (its aieng_model_info sample at 1)."""
-    return {dict(labels)["pid"]: dict(labels)["version"] for (name, labels), value in scrape(base_url).samples.items()
-            if name == "aieng_model_info" and value == 1}
 
 
 def wait_for_version(base_url: str, version: str, timeout: float = 240.0) -> float:
