@@ -86,15 +86,8 @@ def create_app(runtime, *, max_body_bytes: int = 1_000_000, start_runtime: bool 
         install_admin_routes(app, runtime)
 
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=max_body_bytes)
-    app.add_middleware(RequestContextMiddleware, metrics_enabled=runtime.settings.metrics)
-
-    @app.middleware("http")
-    async def model_version_header(request: Request, call_next):
-        response = await call_next(request)
-        if "X-Model-Version" not in response.headers and runtime.model_version:  # generation routes set their own
-            response.headers["X-Model-Version"] = runtime.model_version
-        return response
-
+    app.add_middleware(RequestContextMiddleware, metrics_enabled=runtime.settings.metrics,
+                       model_version=lambda: runtime.model_version)
     return app
 
 

@@ -17,9 +17,12 @@ class RequestContextMiddleware:
     duration therefore covers the whole stream.
     """
 
-    def __init__(self, app, *, metrics_enabled: bool = True):
+    def __init__(self, app, *, metrics_enabled: bool = True, model_version=None):
         self.app = app
         self.metrics_enabled = metrics_enabled
+        # () -> the worker's serving version: ``X-Model-Version`` on responses whose route did not
+        # set its own (generation routes name the version that served them, even mid-swap)
+        self.model_version = model_version
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -38,7 +41,11 @@ class RequestContextMiddleware:
                 extra = [(b"x-request-id", context.request_id.encode("latin-1")),
                          (b"x-trace-id", context.trace_id.encode("latin-1")),
                          (b"x-process-time", f"{time.perf_counter() - start:.6f}".encode())]
-                message = {**message, "headers": list(message.get("headers", [])) + extra}
+                headers = list(message.get("headers", []))
+                version = self.model_version() if self.model_version else None
+                if version and not any(name.lower() == b"x-model-version" for name, _ in headers):
+                    extra.append((b"x-model-version", version.encode("latin-1")))
+                message = {**message, "headers": headers + extra}
             await send(message)
 
         try:
