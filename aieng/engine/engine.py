@@ -57,7 +57,12 @@ class EngineConfig:
 
 
 class Engine:
-    def __init__(self, model, tokenizer, *, context_length: int | None = None, config: EngineConfig = EngineConfig()):
+    def __init__(self, model, tokenizer, *, context_length: int | None = None, config: EngineConfig = EngineConfig(),
+                 replacing: "Engine | None" = None):
+        """``replacing``: the engine this one takes over from in a hot swap. When both run the
+        native forward on weights of one layout, the new engine takes the old one's format plan
+        and compiled graphs (weights are graph inputs): nothing is measured, traced or compiled
+        while the old version serves beside it (``shared_graphs`` says whether it happened)."""
         refuse_sliding_window(model.config)
         self.config = config
         self.tokenizer = tokenizer
@@ -66,14 +71,14 @@ class Engine:
         self.context_length = context_length or model_context_length(model)
         self.eos_ids = eos_token_ids(model, tokenizer)
         self.pad_id = pad_token_id(tokenizer, self.eos_ids)
-        self.runner = self._make_runner(config)
+        self.runner = self._make_runner(config, replacing)
         self.rows: dict[str, Row] = {}  # every admitted row: prefilling or decoding
         self.prefilling: list[Row] = []  # admitted, prompt not all in the cache yet (FIFO)
         self.prefilled: dict[str, int] = {}  # prompt tokens already in the cache, per prefilling row
         self.counts = {"prefill_calls": 0, "decode_steps": 0, "oom_splits": 0}
         self.prefill_budget = PrefillBudget(config.prefill_chunk_tokens)  # adapts the chunk to the decode pace
 
-    def _make_runner(self, config: EngineConfig):
+    def _make_runner(self, config: EngineConfig, replacing: "Engine | None"):
         why_not = native_support(self.model) if config.native else "native forward switched off"
         if why_not is None and config.quantize_int8:
             why_not = "int8 dynamic quantization replaces the Linear layers the native forward reads"
@@ -82,12 +87,16 @@ class Engine:
             from aieng.engine.native_runner import NativeRunner
             from aieng.engine.slots import SlotShape
 
-            formats = format_plan(config.weight_formats, self.model)
+            donor = getattr(replacing, "runner", None)
+            if not isinstance(donor, NativeRunner) or weight_layout(donor.net.model) != weight_layout(self.model):
+                donor = None
+            formats = donor.formats if donor is not None else format_plan(config.weight_formats, self.model)
             per_token = SlotShape(self.model.config.num_hidden_layers, self.model.config.num_key_value_heads,
                                   _head_dim(self.model.config), next(self.model.parameters()).dtype).bytes_per_token()
             budget = config.kv_cache_bytes or per_token * (self.context_length + 1) * config.max_rows
             return NativeRunner(self.model, context_length=self.context_length, max_rows=config.max_rows,
-                                kv_cache_bytes=budget, formats=formats, compile_layers=config.compile)
+                                kv_cache_bytes=budget, formats=formats, compile_layers=config.compile,
+                                graphs_from=donor)
         log.info("serving with the transformers forward: %s", why_not, extra={"event": "engine_runner"})
         runner = HFRunner(self.model, pad_id=self.pad_id, max_rows=config.max_rows,
                           compile=config.compile)
@@ -197,11 +206,10 @@ class Engine:
                     if event.finished:
                         return
 
-    def share_graphs(self, other: "Engine") -> bool:
-        """Reuse ``other``'s compiled graphs when both run the native forward on weights of the same
-        layout (a hot swap between versions of one architecture); True when shared."""
-        mine, theirs = getattr(self.runner, "net", None), getattr(other.runner, "net", None)
-        return mine is not None and theirs is not None and mine.share_graphs(theirs)
+    @property
+    def shared_graphs(self) -> bool:
+        """True when this engine runs the compiled graphs of the engine it replaced."""
+        return getattr(self.runner, "shared_graphs", False)
 
     def warmup(self, progress: Callable[[str], None] | None = None) -> float:
         """Run representative shapes so the first real request pays no lazy set-up, and build the
@@ -305,6 +313,11 @@ class Engine:
         log.error("out of memory even alone in the batch: %s", exc or "no free KV slot",
                   extra={"event": "engine_oom", "trace_id": request.trace_id, "prompt_tokens": len(request.prompt_ids)})
         return error_event(request.request_id, out_of_memory_error(), prompt_tokens=len(request.prompt_ids))
+
+
+def weight_layout(model) -> tuple:
+    """Every parameter's name, shape and dtype: two models with equal layouts run the same graphs."""
+    return tuple((name, tuple(p.shape), p.dtype) for name, p in model.named_parameters())
 
 
 def _head_dim(config) -> int:

@@ -51,11 +51,15 @@ class NativeRunner:
     chunked = True
 
     def __init__(self, model, *, context_length: int, max_rows: int, kv_cache_bytes: int,
-                 formats: FormatPlan, compile_layers: bool):
+                 formats: FormatPlan, compile_layers: bool, graphs_from: "NativeRunner | None" = None):
+        """``graphs_from``: the runner of the engine this one replaces (same weight layout, and
+        ``formats`` is its plan): its bf16 choice, timing and compiled stack are taken as they are."""
         self.device = next(model.parameters()).device
         # The bf16 copy: for the plan's steps, or for build_graphs to time the one-row graph in
         # (it is dropped there if neither uses it).
         bf16_copy = formats.uses_bf16 or (formats.measured and compile_layers)
+        if graphs_from is not None:
+            bf16_copy = graphs_from.net.layers_bf16 is not None
         self.net = NativeLlama(model, bf16_copy=bf16_copy, compile_layers=compile_layers)
         self.net.build_rotary_table(context_length + 1)  # + the scratch column
         dims = self.net.dims
@@ -65,6 +69,10 @@ class NativeRunner:
         mark_cache_dynamic(self.cache)
         self.formats = formats
         self.timed_one_row_bf16: bool | None = None  # what build_graphs measured, when it did
+        self.successor = graphs_from is not None  # its process already ran every kernel this one runs
+        self.shared_graphs = self.successor and self.net.share_graphs(graphs_from.net)
+        if self.shared_graphs:
+            self.timed_one_row_bf16 = graphs_from.timed_one_row_bf16
         # Steps with a graph (``compile_shapes``) use the compiled stack when this is True. Without
         # a warm-up the first such step compiles inline (the cold start notebook 03 shows);
         # ``warmup`` clears it while it runs the shapes eagerly and sets it again when the graphs
@@ -299,7 +307,7 @@ class NativeRunner:
             for size in (6, 7):  # two sizes, so the graph is built with symbolic lengths
                 with compile_settings():
                     self._scratch_step(scratch, shape, size)
-        if GraphShape(1, 0, False) in shapes and GraphShape(1, 0, True) in shapes:
+        if GraphShape(1, 0, False) in shapes and GraphShape(1, 0, True) in shapes and self.timed_one_row_bf16 is None:
             self.timed_one_row_bf16 = self._faster_one_row_format(scratch)
         if not self.one_row_bf16 and not self.formats.uses_bf16:
             self.net.layers_bf16 = None  # no step uses the copy: give its memory back

@@ -9,6 +9,10 @@ shape (``NativeRunner.build_graphs``: a handful of small graphs, however deep th
 ``EngineConfig.compile_budget_s`` set, warm-up waits at most that long for them: past it the
 engine serves eagerly and decode steps switch to the graphs when the background thread is done.
 
+A successor (``Engine(..., replacing=...)``, a hot swap to weights of the same layout) runs one
+small shape: its process has run every kernel already, and the shared graphs need no building, so
+the swap's warm-up takes little from the engine serving beside it.
+
 Transformers forward: the shapes run through the compiled whole-model forward (that *is* the
 compilation), then guard evaluation is switched off for the warmed graphs (``CompiledForward``).
 """
@@ -35,6 +39,8 @@ def warm_up(engine, progress: Callable[[str], None]) -> float:
     batch_sizes = sorted({min(b, engine.max_rows) for b in config.warmup_batch_sizes})
     shapes = [(b, n) for b in batch_sizes for n in config.warmup_prompt_lengths]
     native = hasattr(engine.runner, "build_graphs")
+    if native and engine.runner.successor:  # a hot swap: one short request checks the new weights run
+        shapes = shapes[:1]
     if native:
         engine.runner.compiled_ready = False  # the shapes run eagerly; graphs are built after them
     mode = "eager" if native or not engine.compiled else "compiling the forward"

@@ -314,8 +314,8 @@ def test_a_second_engine_of_the_same_layout_shares_the_graphs_and_compiles_nothi
     """What a hot swap between versions of one architecture relies on: the new engine's warm-up
     reuses the serving engine's compiled stack (weights are inputs), and answers the same."""
     model, tokenizer = demo
-    second = Engine(model, tokenizer, config=EngineConfig(compile=True))
-    assert second.share_graphs(compiled_engine)
+    second = Engine(model, tokenizer, config=EngineConfig(compile=True), replacing=compiled_engine)
+    assert second.shared_graphs
     counters.clear()
     second.warmup()
     assert counters["stats"]["unique_graphs"] == 0, dict(counters["stats"])  # nothing traced or compiled
@@ -323,5 +323,30 @@ def test_a_second_engine_of_the_same_layout_shares_the_graphs_and_compiles_nothi
     prompts = [render("reverse: abcd"), render("add: 12+30")]
     assert second.generate(prompts, params) == compiled_engine.generate(prompts, params)
     other_model, other_tokenizer = qwen
-    other = Engine(other_model, other_tokenizer, config=EngineConfig(compile=True))
-    assert not other.share_graphs(compiled_engine)  # another layout keeps graphs of its own
+    other = Engine(other_model, other_tokenizer, config=EngineConfig(compile=True), replacing=compiled_engine)
+    assert not other.shared_graphs  # another layout keeps graphs of its own
+    assert Engine(model, tokenizer, config=EngineConfig(compile=True)).shared_graphs is False
+
+
+def test_a_successor_of_a_measured_engine_takes_its_formats_and_measures_nothing(demo, caplog):
+    """The hot swap under load that spent 10 s compiling beside the serving engine: the serving
+    engine had timed its one-row step, chosen fp32 and dropped its bf16 copy, while the new
+    engine measured a plan of its own (under load, so a different one) and kept a bf16 copy, so
+    the layouts differed and nothing was shared. The successor now takes the plan, the one-row
+    choice and the copy's absence from the engine it replaces."""
+    model, tokenizer = demo
+    config = EngineConfig(compile=True, weight_formats="auto")
+    serving = Engine(model, tokenizer, config=config)
+    serving.warmup()
+    runner = serving.runner
+    if not runner.formats.uses_bf16:  # what build_graphs does when fp32 wins the one-row timing
+        runner.timed_one_row_bf16, runner.net.layers_bf16 = False, None
+    with caplog.at_level(logging.INFO, logger="aieng.engine"):
+        successor = Engine(model, tokenizer, config=config, replacing=serving)
+        counters.clear()
+        successor.warmup()
+    assert successor.shared_graphs and successor.runner.formats is runner.formats
+    assert successor.runner.one_row_bf16 == runner.one_row_bf16
+    assert (successor.runner.net.layers_bf16 is None) == (runner.net.layers_bf16 is None)
+    assert not [r for r in caplog.records if getattr(r, "event", None) == "engine_weight_formats"]
+    assert counters["stats"]["unique_graphs"] == 0, dict(counters["stats"])

@@ -67,20 +67,24 @@ async def stream_clients(base_url: str, clients: int, stop: asyncio.Event, recor
 
 
 def test_promote_and_rollback_under_load_fail_no_request(server, store):
+    """Three promote/rollback cycles (12 worker swaps) under 16 streams: the p99 over all of them
+    is judged, so one hiccup of this shared machine cannot decide it but a stall on every swap
+    (what compiling beside the serving engine once caused) does."""
     async def scenario():
         records, stop = [], asyncio.Event()
         load = asyncio.create_task(stream_clients(server.base_url, 16, stop, records))
         await asyncio.sleep(8)
         steady_end = time.monotonic()
-        store.promote("demo", "2", reason="test: hot swap")
         async with httpx.AsyncClient(base_url=server.base_url, timeout=300) as admin:
-            answer = await admin.post("/admin/reload", headers=AUTH)
-            assert answer.status_code == 200 and answer.json()["version"] == "2", answer.text
-            await asyncio.to_thread(wait_for_version, server.base_url, "2")
-            store.rollback("demo", reason="test: roll back under load")
-            answer = await admin.post("/admin/reload", headers=AUTH)
-            assert answer.status_code == 200 and answer.json()["version"] == "1", answer.text
-            await asyncio.to_thread(wait_for_version, server.base_url, "1")
+            for cycle in range(3):
+                store.promote("demo", "2", reason=f"test: hot swap {cycle}")
+                answer = await admin.post("/admin/reload", headers=AUTH)
+                assert answer.status_code == 200 and answer.json()["version"] == "2", answer.text
+                await asyncio.to_thread(wait_for_version, server.base_url, "2")
+                store.rollback("demo", reason=f"test: roll back under load {cycle}")
+                answer = await admin.post("/admin/reload", headers=AUTH)
+                assert answer.status_code == 200 and answer.json()["version"] == "1", answer.text
+                await asyncio.to_thread(wait_for_version, server.base_url, "1")
         swaps_end = time.monotonic()
         await asyncio.sleep(3)
         stop.set()
@@ -101,7 +105,7 @@ def test_promote_and_rollback_under_load_fail_no_request(server, store):
           f"({swaps_end - steady_end:.1f} s), p99 {p99(during):.3f} s vs steady {p99(steady):.3f} s")
     assert p99(during) <= 2 * p99(steady), f"p99 during the swaps {p99(during):.3f} s vs steady {p99(steady):.3f} s"
     text = scrape(server.base_url)
-    assert text.value("aieng_model_swaps_total", outcome="ok") >= 4  # two workers, two swaps each
+    assert text.value("aieng_model_swaps_total", outcome="ok") >= 12  # two workers, six swaps each
 
 
 def test_a_tampered_version_is_refused_and_the_old_one_keeps_serving(server, store, demo_model_dir):
