@@ -37,6 +37,7 @@ from aieng.engine.request import GenerationRequest, StepResult, TokenEvent, erro
 from aieng.engine.row import Row
 from aieng.engine.runner import Chunk
 from aieng.engine.sampling import sample_batch
+from aieng.engine.succession import donor_runner
 from aieng.model_facts import eos_token_ids, model_context_length
 
 log = logging.getLogger("aieng.engine")
@@ -58,11 +59,10 @@ class EngineConfig:
 
 class Engine:
     def __init__(self, model, tokenizer, *, context_length: int | None = None, config: EngineConfig = EngineConfig(),
-                 replacing: "Engine | None" = None):
-        """``replacing``: the engine this one takes over from in a hot swap. When both run the
-        native forward on weights of one layout, the new engine takes the old one's format plan
-        and compiled graphs (weights are graph inputs): nothing is measured, traced or compiled
-        while the old version serves beside it (``shared_graphs`` says whether it happened)."""
+                 replacing: "Engine | None" = None, kv_from_replaced: bool = False):
+        """``replacing``: the engine this one takes over from in a hot swap; with weights of the
+        same layout it takes that engine's format plan and compiled graphs, and with
+        ``kv_from_replaced`` its KV memory (``succession`` says how and why)."""
         refuse_sliding_window(model.config)
         self.config = config
         self.tokenizer = tokenizer
@@ -71,14 +71,14 @@ class Engine:
         self.context_length = context_length or model_context_length(model)
         self.eos_ids = eos_token_ids(model, tokenizer)
         self.pad_id = pad_token_id(tokenizer, self.eos_ids)
-        self.runner = self._make_runner(config, replacing)
+        self.runner = self._make_runner(config, replacing, kv_from_replaced)
         self.rows: dict[str, Row] = {}  # every admitted row: prefilling or decoding
         self.prefilling: list[Row] = []  # admitted, prompt not all in the cache yet (FIFO)
         self.prefilled: dict[str, int] = {}  # prompt tokens already in the cache, per prefilling row
         self.counts = {"prefill_calls": 0, "decode_steps": 0, "oom_splits": 0}
         self.prefill_budget = PrefillBudget(config.prefill_chunk_tokens)  # adapts the chunk to the decode pace
 
-    def _make_runner(self, config: EngineConfig, replacing: "Engine | None"):
+    def _make_runner(self, config: EngineConfig, replacing: "Engine | None", kv_from_replaced: bool):
         why_not = native_support(self.model) if config.native else "native forward switched off"
         if why_not is None and config.quantize_int8:
             why_not = "int8 dynamic quantization replaces the Linear layers the native forward reads"
@@ -87,16 +87,14 @@ class Engine:
             from aieng.engine.native_runner import NativeRunner
             from aieng.engine.slots import SlotShape
 
-            donor = getattr(replacing, "runner", None)
-            if not isinstance(donor, NativeRunner) or weight_layout(donor.net.model) != weight_layout(self.model):
-                donor = None
+            donor = donor_runner(replacing, self.model)
             formats = donor.formats if donor is not None else format_plan(config.weight_formats, self.model)
             per_token = SlotShape(self.model.config.num_hidden_layers, self.model.config.num_key_value_heads,
                                   _head_dim(self.model.config), next(self.model.parameters()).dtype).bytes_per_token()
             budget = config.kv_cache_bytes or per_token * (self.context_length + 1) * config.max_rows
             return NativeRunner(self.model, context_length=self.context_length, max_rows=config.max_rows,
                                 kv_cache_bytes=budget, formats=formats, compile_layers=config.compile,
-                                graphs_from=donor)
+                                graphs_from=donor, cache_from_replaced=kv_from_replaced)
         log.info("serving with the transformers forward: %s", why_not, extra={"event": "engine_runner"})
         runner = HFRunner(self.model, pad_id=self.pad_id, max_rows=config.max_rows,
                           compile=config.compile)
@@ -313,11 +311,6 @@ class Engine:
         log.error("out of memory even alone in the batch: %s", exc or "no free KV slot",
                   extra={"event": "engine_oom", "trace_id": request.trace_id, "prompt_tokens": len(request.prompt_ids)})
         return error_event(request.request_id, out_of_memory_error(), prompt_tokens=len(request.prompt_ids))
-
-
-def weight_layout(model) -> tuple:
-    """Every parameter's name, shape and dtype: two models with equal layouts run the same graphs."""
-    return tuple((name, tuple(p.shape), p.dtype) for name, p in model.named_parameters())
 
 
 def _head_dim(config) -> int:

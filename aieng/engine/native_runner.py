@@ -51,9 +51,12 @@ class NativeRunner:
     chunked = True
 
     def __init__(self, model, *, context_length: int, max_rows: int, kv_cache_bytes: int,
-                 formats: FormatPlan, compile_layers: bool, graphs_from: "NativeRunner | None" = None):
+                 formats: FormatPlan, compile_layers: bool, graphs_from: "NativeRunner | None" = None,
+                 cache_from_replaced: bool = False):
         """``graphs_from``: the runner of the engine this one replaces (same weight layout, and
-        ``formats`` is its plan): its bf16 choice, timing and compiled stack are taken as they are."""
+        ``formats`` is its plan): its bf16 choice, timing and compiled stack are taken as they are.
+        ``cache_from_replaced``: allocate no KV cache; a hot swap hands this runner part of
+        ``graphs_from``'s, then all of it (``succession``)."""
         self.device = next(model.parameters()).device
         # The bf16 copy: for the plan's steps, or for build_graphs to time the one-row graph in
         # (it is dropped there if neither uses it).
@@ -64,9 +67,18 @@ class NativeRunner:
         self.net.build_rotary_table(context_length + 1)  # + the scratch column
         dims = self.net.dims
         shape = SlotShape(self.net.num_layers, dims.kv_heads, dims.head_dim, self.net.dtype)
-        rows = plan_slots(shape, budget_bytes=kv_cache_bytes, capacity=context_length, max_rows=max_rows)
-        self.cache = SlotKVCache(shape, slots=rows, capacity=context_length, device=self.device)
-        mark_cache_dynamic(self.cache)
+        donor = graphs_from.cache if graphs_from is not None and cache_from_replaced else None
+        self.awaits_cache = donor is not None and donor.shape == shape and donor.capacity == context_length
+        # The rows it serves once warm (the graphs are built for them): a successor holds 0 until the swap.
+        self.planned_rows = donor.slots if self.awaits_cache else 0
+        if self.awaits_cache:  # 0 slots until succession.take_cache
+            self.cache = SlotKVCache.over(shape, [t[:0] for t in donor.keys], [t[:0] for t in donor.values],
+                                          capacity=context_length)
+        else:
+            rows = plan_slots(shape, budget_bytes=kv_cache_bytes, capacity=context_length, max_rows=max_rows)
+            self.cache = SlotKVCache(shape, slots=rows, capacity=context_length, device=self.device)
+            mark_cache_dynamic(self.cache)
+            self.planned_rows = rows
         self.formats = formats
         self.timed_one_row_bf16: bool | None = None  # what build_graphs measured, when it did
         self.successor = graphs_from is not None  # its process already ran every kernel this one runs
@@ -280,11 +292,12 @@ class NativeRunner:
         else:
             shapes = [GraphShape(1, 0, self.one_row_bf16)]
         thresholds = [count for count, _ in self.formats.bf16_from]
-        if self.max_rows >= 2:
-            for bf16 in self._formats_from(2, [c for c in thresholds if 2 < c <= self.max_rows]):
+        rows = self.planned_rows
+        if rows >= 2:
+            for bf16 in self._formats_from(2, [c for c in thresholds if 2 < c <= rows]):
                 shapes.append(GraphShape(2, 0, bf16))
         for chunks in (1, 2):
-            if self.max_rows >= 2 + chunks:
+            if rows >= 2 + chunks:
                 for bf16 in self._formats_from(4, [c for c in thresholds if c > 4]):
                     shapes.append(GraphShape(2, chunks, bf16))
         return shapes

@@ -71,6 +71,52 @@ class SlotKVCache:
         self.slot_of: dict[str, int] = {}
         self.decoding: list[str] = []  # ids of the decoding rows: slot i holds decoding[i]
 
+    @classmethod
+    def over(cls, shape: SlotShape, keys: list[torch.Tensor], values: list[torch.Tensor], *,
+             capacity: int) -> "SlotKVCache":
+        """A cache on memory that already exists (per-layer tensors, or views of another cache's),
+        every slot free: how a hot swap's new engine works in the serving engine's KV memory."""
+        cache = cls.__new__(cls)
+        cache.shape, cache.capacity, cache.slots = shape, capacity, keys[0].shape[0]
+        cache.keys, cache.values = list(keys), list(values)
+        cache.lengths, cache.owner = [0] * cache.slots, [None] * cache.slots
+        cache.slot_of, cache.decoding = {}, []
+        return cache
+
+    @torch.inference_mode()
+    def keep_only_rows(self, *, extra: int = 0) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Give up every slot but those the rows in it hold (and ``extra`` more, for queued
+        requests): the rows move to the top of the allocation, decoding rows first and in order,
+        this cache becomes a view of those top slots, and the views of the slots below are
+        returned for another cache to use. Call between steps, on the thread that steps it."""
+        rows = list(self.decoding) + sorted((r for r in self.slot_of if r not in self.decoding), key=self.slot_of.get)
+        keep = min(self.slots, len(rows) + extra)
+        start = self.slots - keep
+        if rows:
+            order = [self.slot_of[r] for r in rows]
+            n = max(self.lengths[slot] for slot in order)
+            index = torch.tensor(order, device=self.keys[0].device)
+            for t in self.keys + self.values:
+                if n:  # gathered (a copy) first, so targets may overlap the sources
+                    t[start:start + len(rows), :, :n] = t[:, :, :n].index_select(0, index)
+        lengths = [self.lengths[self.slot_of[r]] for r in rows]
+        below = [t[:start] for t in self.keys], [t[:start] for t in self.values]
+        self.keys, self.values = [t[start:] for t in self.keys], [t[start:] for t in self.values]
+        self.slots = keep
+        self.lengths = lengths + [0] * (keep - len(rows))
+        self.owner = rows + [None] * (keep - len(rows))
+        self.slot_of = {r: i for i, r in enumerate(rows)}
+        return below
+
+    def grow(self, keys: list[torch.Tensor], values: list[torch.Tensor]) -> None:
+        """Extend to ``keys``/``values``: tensors whose first slots are this cache's (the whole
+        allocation, once the engine that held the slots above has finished). Rows keep their slots."""
+        added = keys[0].shape[0] - self.slots
+        assert added >= 0 and keys[0].data_ptr() == self.keys[0].data_ptr(), "grow() takes the memory this cache starts"
+        self.keys, self.values, self.slots = list(keys), list(values), keys[0].shape[0]
+        self.lengths += [0] * added
+        self.owner += [None] * added
+
     @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.keys + self.values)

@@ -26,6 +26,7 @@ from collections.abc import Callable
 import torch
 
 from aieng.engine.params import SamplingParams
+from aieng.engine.succession import scratch_cache
 
 log = logging.getLogger("aieng.engine")
 
@@ -40,15 +41,16 @@ def warm_up(engine, progress: Callable[[str], None]) -> float:
     shapes = [(b, n) for b in batch_sizes for n in config.warmup_prompt_lengths]
     native = hasattr(engine.runner, "build_graphs")
     if native and engine.runner.successor:  # a hot swap: one short request checks the new weights run
-        shapes = shapes[:1]
+        shapes = [(1, min(config.warmup_prompt_lengths))]
+        with scratch_cache(engine.runner, capacity=min(64, engine.context_length)):
+            _run_shapes(engine, shapes, params, vocab, generator, progress, "eager")
+        if config.compile and engine.runner.net.compiled_stack is not None:
+            _compile(engine, progress, start)
+        return time.perf_counter() - start
     if native:
         engine.runner.compiled_ready = False  # the shapes run eagerly; graphs are built after them
     mode = "eager" if native or not engine.compiled else "compiling the forward"
-    for i, (batch_size, length) in enumerate(shapes, 1):
-        length = min(length, engine.context_length - 2)
-        progress(f"prefill and decode, batch {batch_size} × {length} tokens, {mode} ({i}/{len(shapes)})")
-        prompts = [torch.randint(0, vocab, (length,), generator=generator).tolist() for _ in range(batch_size)]
-        engine.generate(prompts, params)
+    _run_shapes(engine, shapes, params, vocab, generator, progress, mode)
     if not native:
         if engine.compiled:
             engine.runner.forward_fn.mark_warm()
@@ -56,6 +58,14 @@ def warm_up(engine, progress: Callable[[str], None]) -> float:
     if config.compile and engine.runner.net.compiled_stack is not None:
         _compile(engine, progress, start)
     return time.perf_counter() - start
+
+
+def _run_shapes(engine, shapes, params, vocab: int, generator, progress, mode: str) -> None:
+    for i, (batch_size, length) in enumerate(shapes, 1):
+        length = min(length, engine.context_length - 2)
+        progress(f"prefill and decode, batch {batch_size} × {length} tokens, {mode} ({i}/{len(shapes)})")
+        prompts = [torch.randint(0, vocab, (length,), generator=generator).tolist() for _ in range(batch_size)]
+        engine.generate(prompts, params)
 
 
 def _compile(engine, progress: Callable[[str], None], start: float) -> None:

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 
 from aieng.engine.request import StepResult
 from aieng.errors import AiengError
@@ -30,9 +31,12 @@ class EngineLoop:
         self.engine = engine
         self.step_history = StepHistory()  # (time, running, waiting) after every step: notebook 05 plots it
         kwargs = {"clock": clock} if clock is not None else {}
-        self.scheduler = Scheduler(config, observers=[*observers, self.step_history], **kwargs)
+        self.scheduler = Scheduler(config, observers=[*observers, self.step_history],
+                                   capacity=lambda: getattr(engine, "max_rows", None), **kwargs)
         self._thread: threading.Thread | None = None
         self._stopping = False
+        self._calls: list[tuple[Callable, Future]] = []  # run on this thread between two steps
+        self._closed = False  # the thread has taken its last calls
 
     @property
     def history(self):
@@ -45,6 +49,24 @@ class EngineLoop:
         step = self.engine.step(plan.requests, plan.leaving) if plan.runs_engine else StepResult()
         self._deliver(plan.failed + self.scheduler.update(step, clock()))
         return step
+
+    def call_between_steps(self, fn: Callable):
+        """Run ``fn()`` on the engine thread between two steps (at once on this thread when the
+        loop is not running) and return a Future of its result: how a hot swap changes the
+        engine's KV cache without racing a step."""
+        future: Future = Future()
+        with self.scheduler.wake:
+            queued = not self._closed and self._thread is not None and self._thread.is_alive()
+            if queued:
+                self._calls.append((fn, future))
+                self.scheduler.wake.notify()
+        if not queued:
+            _settle(future, fn)
+        return future
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
 
     # -- lifecycle -----------------------------------------------------------------------------
     def start(self) -> "EngineLoop":
@@ -63,10 +85,14 @@ class EngineLoop:
         scheduler = self.scheduler
         while True:
             with scheduler.wake:
-                while not self._stopping and not scheduler.has_work(scheduler.clock()):
+                while not self._stopping and not self._calls and not scheduler.has_work(scheduler.clock()):
                     scheduler.wake.wait(timeout=scheduler.sleep_for(scheduler.clock()))
-                if self._stopping:
-                    return
+                calls, self._calls = self._calls, []
+                self._closed = self._stopping  # from here calls run on the caller's thread
+            for fn, future in calls:
+                _settle(future, fn)
+            if self._closed:
+                return
             try:
                 self.run_once()
             except Exception:  # a bug must not kill the thread: fail what was in flight, keep serving
@@ -83,3 +109,10 @@ class EngineLoop:
             except Exception:
                 log.exception("a request's sink failed; dropping request %s", q.request_id)
                 self.scheduler.cancel(q.request_id)
+
+
+def _settle(future: Future, fn: Callable) -> None:
+    try:
+        future.set_result(fn())
+    except BaseException as exc:  # noqa: BLE001 - handed to whoever waits on the future
+        future.set_exception(exc)

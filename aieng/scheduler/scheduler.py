@@ -69,8 +69,11 @@ class SchedulerOutput:
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig = SchedulerConfig(), *, clock: Callable[[], float] = time.monotonic,
-                 observers: Sequence = ()):
+                 observers: Sequence = (), capacity: Callable[[], int | None] | None = None):
+        """``capacity``: the rows the engine holds now, when that can fall below
+        ``max_batch_size`` (during a hot swap the two versions share one KV cache)."""
         self.config = config
+        self.capacity = capacity
         self.clock = clock  # arrival times; the engine thread passes the same clock's ``now`` to each step
         self.observers = list(observers)  # aieng.observability.observer.StepObserver
         self.queue = WaitingQueue(config)
@@ -84,12 +87,12 @@ class Scheduler:
     def submit(self, request: GenerationRequest, sink: Callable[[TokenEvent], None], *,
                priority: str = "interactive", timeout: float | None = None) -> QueuedRequest:
         """Queue a validated request; its events go to ``sink``. Raises OverloadedError (429)."""
-        if not self.accepting:
-            raise NotReadyError("the server is draining and accepts no new requests")
         now = self.clock()
         timeout = self.config.default_timeout_s if timeout is None else timeout
         item = QueuedRequest(request, priority=priority, arrival=now, deadline=now + timeout, sink=sink)
-        with self.wake:
+        with self.wake:  # checked under the lock: after drain() returns, nothing more is queued
+            if not self.accepting:
+                raise NotReadyError("the server is draining and accepts no new requests")
             try:
                 self.queue.add(item)
             except QueueFullError as exc:
@@ -105,7 +108,8 @@ class Scheduler:
 
     def drain(self) -> None:
         """Stop admitting; what is queued or running still finishes."""
-        self.accepting = False
+        with self.wake:
+            self.accepting = False
 
     @property
     def num_waiting(self) -> int:
@@ -125,7 +129,7 @@ class Scheduler:
     def sleep_for(self, now: float) -> float | None:
         """How long the engine thread may sleep before the oldest waiting request must be admitted."""
         oldest = self.queue.oldest_arrival()
-        if oldest is None:
+        if oldest is None or self._room() <= 0:  # a hot swap's call (which notifies) brings room
             return None
         return max(0.0, oldest + self.config.max_queue_delay_ms / 1000 - now)
 
@@ -135,7 +139,7 @@ class Scheduler:
             for request_id in cancelled:
                 self.queue.remove(request_id)
             expired = self.queue.expired(now)
-            free = self.config.max_batch_size - len(self.running)
+            free = self._room()
             joiners = self.queue.pop_joiners(now, free) if self._ready_to_admit(now) else []
         late = [q for q in self.running.values() if q.deadline is not None and q.deadline <= now]
         leaving = [rid for rid in cancelled if rid in self.running] + [q.request_id for q in late]
@@ -183,9 +187,15 @@ class Scheduler:
         self._joined = []
         return [q.request_id for q in failed], [(q, error_event(q.request_id, error)) for q in failed]
 
+    def _room(self) -> int:
+        """Rows that may join now: the batch size, or fewer while the engine holds fewer."""
+        held = self.capacity() if self.capacity is not None else None
+        rows = self.config.max_batch_size if held is None else min(self.config.max_batch_size, held)
+        return rows - len(self.running)
+
     def _ready_to_admit(self, now: float) -> bool:
         """An idle engine waits up to max_queue_delay_ms so that a burst prefills together."""
-        if not len(self.queue):
+        if not len(self.queue) or self._room() <= 0:
             return False
         if self.running or len(self.queue) >= self.config.max_batch_size:
             return True

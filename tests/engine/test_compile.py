@@ -350,3 +350,37 @@ def test_a_successor_of_a_measured_engine_takes_its_formats_and_measures_nothing
     assert (successor.runner.net.layers_bf16 is None) == (runner.net.layers_bf16 is None)
     assert not [r for r in caplog.records if getattr(r, "event", None) == "engine_weight_formats"]
     assert counters["stats"]["unique_graphs"] == 0, dict(counters["stats"])
+
+
+def test_engines_sharing_one_kv_cache_through_a_swap_run_the_graphs_they_have(compiled_engine, demo, render):
+    """The old engine's cache becomes a view of the top slots (an offset into the allocation),
+    the successor's a view of the bottom ones, then the whole: no step of either compiles."""
+    from aieng.engine.succession import hand_over_cache, reclaim_cache, take_cache
+
+    model, tokenizer = demo
+    params = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
+    prompts = [tokenizer.encode(render(t)) for t in TASKS[:6]]
+    want = [r.token_ids for r in compiled_engine.generate(prompts, params)]
+    counters.clear()  # from here, warm-ups included, nothing compiles
+    old = Engine(model, tokenizer, config=EngineConfig(compile=True), replacing=compiled_engine)
+    old.warmup()
+    new = Engine(model, tokenizer, config=EngineConfig(compile=True), replacing=old, kv_from_replaced=True)
+    new.warmup()  # on a scratch cache, its graphs for the rows it will hold (not the 0 it holds now)
+    done, first = {}, [GenerationRequest(f"p{i}", list(p), params) for i, p in enumerate(prompts[:3])]
+    for event in old.step(first).events + old.step().events:
+        assert not event.finished
+    handover = hand_over_cache(old, queued=0)
+    take_cache(new, handover)
+    old_compiled_before = sum(n for graph, n in old.runner.steps_by_graph.items() if graph is not None)
+    joiners = [GenerationRequest(f"p{i}", list(p), params) for i, p in enumerate(prompts[3:], 3)]
+    while old.rows or new.rows or joiners:
+        if not old.rows and handover:
+            reclaim_cache(new, handover)
+            handover = None
+        events = (old.step().events if old.rows else []) + new.step(joiners).events
+        joiners = []
+        done.update({e.request_id: e.token_ids for e in events if e.finished})
+    assert [done[f"p{i}"] for i in range(6)] == want
+    assert counters["stats"]["unique_graphs"] == 0, dict(counters["stats"])
+    compiled = lambda engine: sum(n for graph, n in engine.runner.steps_by_graph.items() if graph is not None)
+    assert compiled(old) > old_compiled_before and compiled(new) > 0  # both sides ran graphs on their views

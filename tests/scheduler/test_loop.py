@@ -182,3 +182,34 @@ def test_observers_see_a_step_before_any_client_sees_its_tokens():
     loop.run_once()
     assert seen_at_step == [0, 1] and len(delivered) == 2
     assert [n for _, n, _ in loop.history] == [1, 0]
+
+
+def test_the_scheduler_admits_no_more_rows_than_the_engine_holds_now():
+    """During a hot swap the two versions share one KV cache: the new engine holds fewer rows
+    than max_batch_size until the old one finishes, and the queue waits for room (no spinning)."""
+    loop, engine, clock = make(SchedulerConfig(max_batch_size=8, max_queue_delay_ms=0))
+    engine.max_rows = 2
+    for i in range(5):
+        submit(loop, f"r{i}", tokens=10)
+    loop.run_once()
+    assert engine.steps[-1]["batch"] == 2 and loop.scheduler.num_waiting == 3
+    engine.max_rows = 0  # e.g. the old version kept every slot: nothing may join, nothing to wake for
+    loop.scheduler.running.clear()
+    engine.rows.clear()
+    assert not loop.scheduler.has_work(clock()) and loop.scheduler.sleep_for(clock()) is None
+    engine.max_rows = 5  # the cache grew back
+    loop.run_once()
+    assert engine.steps[-1]["batch"] == 3 and loop.scheduler.num_waiting == 0
+
+
+def test_a_call_between_steps_runs_on_the_engine_thread_and_inline_when_the_loop_is_stopped():
+    import threading
+
+    loop = EngineLoop(FakeEngine(), SchedulerConfig(max_queue_delay_ms=1)).start()
+    here = threading.get_ident()
+    assert loop.call_between_steps(threading.get_ident).result(timeout=5) not in (here, None)
+    with pytest.raises(ZeroDivisionError):
+        loop.call_between_steps(lambda: 1 / 0).result(timeout=5)  # the caller hears of a failure
+    assert loop.alive
+    loop.stop()
+    assert not loop.alive and loop.call_between_steps(threading.get_ident).result(timeout=5) == here

@@ -3,6 +3,7 @@ request, every response naming its version; refused versions leave the old one s
 admin route's authentication."""
 
 import asyncio
+import json
 import statistics
 import time
 from pathlib import Path
@@ -106,6 +107,10 @@ def test_promote_and_rollback_under_load_fail_no_request(server, store):
     assert p99(during) <= 2 * p99(steady), f"p99 during the swaps {p99(during):.3f} s vs steady {p99(steady):.3f} s"
     text = scrape(server.base_url)
     assert text.value("aieng_model_swaps_total", outcome="ok") >= 12  # two workers, six swaps each
+    # One KV cache per worker through every swap: the new engine worked in the slots the old one's
+    # requests did not need, then took the whole cache back.
+    done = [json.loads(line) for line in server.output().splitlines() if '"swap_done"' in line]
+    assert len(done) >= 12 and all(e["kv_cache"]["shared"] and e["kv_cache"]["reclaimed"] for e in done), done
 
 
 def test_a_tampered_version_is_refused_and_the_old_one_keeps_serving(server, store, demo_model_dir):
