@@ -12,6 +12,7 @@ Buckets are chosen for LLM work and documented with each family:
 from __future__ import annotations
 
 import bisect
+import contextvars
 
 from prometheus_client import Counter, Gauge, Histogram
 
@@ -37,14 +38,20 @@ MODEL_SWAPS = Counter("aieng_model_swaps_total", "Hot swaps of the served versio
                       ["outcome"])
 
 # -- HTTP ---------------------------------------------------------------------------------------
-REQUESTS = Counter("aieng_requests_total", "HTTP requests by route and status code.", ["route", "code"])
-REQUEST_DURATION = Histogram(
-    "aieng_request_duration_seconds", "End-to-end request latency, seconds.", ["route"], buckets=LATENCY_BUCKETS
-)
+# Request metrics carry the ``version`` that served the request, so versions live in one server
+# (a hot swap's old and new, a canary beside its stable) compare in PromQL: error rate, TTFT, ITL,
+# latency, early EOS per version. ``serving_version`` is that version within a request's context:
+# the worker's current one from the first byte, the one a generation route queued on after that.
+serving_version: contextvars.ContextVar[str] = contextvars.ContextVar("aieng_serving_version", default="")
+
+REQUESTS = Counter("aieng_requests_total", "HTTP requests by route, status code and serving version.",
+                   ["route", "code", "version"])
+REQUEST_DURATION = Histogram("aieng_request_duration_seconds", "End-to-end request latency, seconds.",
+                             ["route", "version"], buckets=LATENCY_BUCKETS)
 
 # -- scheduler and engine -------------------------------------------------------------------------
 QUEUE_WAIT = Histogram("aieng_queue_wait_seconds", "Time from submission to joining the batch, seconds.",
-                       ["priority"], buckets=LATENCY_BUCKETS)
+                       ["priority", "version"], buckets=LATENCY_BUCKETS)
 PREFILL_SECONDS = Histogram("aieng_prefill_seconds", "Duration of one prefill (a group of joiners), seconds.",
                             buckets=LATENCY_BUCKETS)
 DECODE_STEP_SECONDS = Histogram("aieng_decode_step_seconds", "Duration of one decode step for the whole batch, seconds.",
@@ -57,17 +64,18 @@ TOKENS_PER_SECOND = Gauge("aieng_tokens_per_second", "Decode throughput over the
 
 # -- requests (recorded on the event loop, closest to the client) --------------------------------
 TIME_TO_FIRST_TOKEN = Histogram("aieng_time_to_first_token_seconds",
-                                "Time from submission to the first generated token, seconds.", ["priority"],
-                                buckets=LATENCY_BUCKETS)
+                                "Time from submission to the first generated token, seconds.",
+                                ["priority", "version"], buckets=LATENCY_BUCKETS)
 INTER_TOKEN_LATENCY = Histogram("aieng_inter_token_latency_seconds", "Time between consecutive tokens of a request.",
-                                buckets=STEP_BUCKETS)
-PROMPT_TOKENS = Counter("aieng_prompt_tokens_total", "Prompt tokens of finished requests.")
-GENERATION_TOKENS = Counter("aieng_generation_tokens_total", "Tokens generated.")
-REQUEST_ERRORS = Counter("aieng_request_errors_total", "Requests that ended in an error, by error code.", ["code"])
+                                ["version"], buckets=STEP_BUCKETS)
+PROMPT_TOKENS = Counter("aieng_prompt_tokens_total", "Prompt tokens of finished requests.", ["version"])
+GENERATION_TOKENS = Counter("aieng_generation_tokens_total", "Tokens generated.", ["version"])
+REQUEST_ERRORS = Counter("aieng_request_errors_total", "Requests that ended in an error, by error code.",
+                         ["code", "version"])
 REQUESTS_FINISHED = Counter("aieng_requests_finished_total", "Generations that finished, by finish reason.",
-                            ["finish_reason"])
+                            ["finish_reason", "version"])
 EOS_EARLY = Counter("aieng_eos_early_total",
-                    "Generations that hit EOS within their first 10 tokens while max_tokens allowed more.")
+                    "Generations that hit EOS within their first 10 tokens while max_tokens allowed more.", ["version"])
 
 # -- capacity and resources -----------------------------------------------------------------------
 QUEUE_CAPACITY = Gauge("aieng_queue_capacity", "max_queue of a worker.", multiprocess_mode="livesum")
@@ -128,14 +136,29 @@ def observe_many(histogram, values: list[float]) -> None:
     total.inc(sum(values))
 
 
-def record_finished(event, *, max_tokens: int) -> None:
+def record_finished(event, *, max_tokens: int, version: str) -> None:
     """Counters for a generation's final event. Errors are counted where the client is told
     (the error handler, or the SSE error chunk), so each is counted once."""
     if event.error is not None:
         return
-    REQUESTS_FINISHED.labels(finish_reason=event.finish_reason).inc()
-    PROMPT_TOKENS.inc(event.prompt_tokens)
-    GENERATION_TOKENS.inc(event.completion_tokens)
+    REQUESTS_FINISHED.labels(finish_reason=event.finish_reason, version=version).inc()
+    PROMPT_TOKENS.labels(version=version).inc(event.prompt_tokens)
+    GENERATION_TOKENS.labels(version=version).inc(event.completion_tokens)
     if (getattr(event, "finish_cause", None) == "eos" and event.completion_tokens <= EARLY_EOS_TOKENS
             and max_tokens > EARLY_EOS_TOKENS):
-        EOS_EARLY.inc()
+        EOS_EARLY.labels(version=version).inc()
+
+
+def count_error(code: str) -> None:
+    """``aieng_request_errors_total{code, version}`` for the request in this context."""
+    REQUEST_ERRORS.labels(code=code, version=serving_version.get()).inc()
+
+
+def zero_series(version: str, error_codes) -> None:
+    """Create ``version``'s request series at 0, so ``rate()`` and alerts see a version from its
+    first request on (a counter that appears at 1 has no increase to show)."""
+    for code in error_codes:
+        REQUEST_ERRORS.labels(code=code, version=version)
+    EOS_EARLY.labels(version=version)
+    GENERATION_TOKENS.labels(version=version)
+    PROMPT_TOKENS.labels(version=version)

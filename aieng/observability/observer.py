@@ -47,10 +47,11 @@ class MetricsObserver(StepObserver):
     sum (summing ~1000 deque entries every step cost more than the rest of this method).
     """
 
-    def __init__(self, window_s: float = 5.0, resource_every_s: float = 1.0):
+    def __init__(self, window_s: float = 5.0, resource_every_s: float = 1.0, *, version: str = ""):
         from aieng.observability import metrics  # see aieng.observability.prom: import order matters
 
         self.metrics = metrics
+        self.version = version  # the label of the queue wait this engine's requests had
         self.window_s = window_s
         self.resource_every_s = resource_every_s
         self._last_resources = 0.0
@@ -58,7 +59,8 @@ class MetricsObserver(StepObserver):
         self._tokens_in_window = 0
 
     def on_admit(self, queued, now: float) -> None:
-        self.metrics.QUEUE_WAIT.labels(priority=queued.priority).observe(max(0.0, now - queued.arrival))
+        waited = max(0.0, now - queued.arrival)
+        self.metrics.QUEUE_WAIT.labels(priority=queued.priority, version=self.version).observe(waited)
 
     def on_step(self, step, running: int, waiting: int, now: float) -> None:
         m = self.metrics

@@ -26,25 +26,31 @@ GENERATION_ROUTES = ("/v1/completions", "/v1/chat/completions")
 
 
 def window_between(before: Snapshot, after: Snapshot, seconds: float, running: list[float],
-                   *, eval_regressed: bool = False) -> Window:
-    """The server's work between two scrapes, as the decision reads it."""
+                   *, eval_regressed: bool = False, version: str | None = None) -> Window:
+    """The server's work between two scrapes, as the decision reads it; with ``version``, only the
+    requests that version served (the request metrics carry it), so what the old version finishes
+    after a swap, or what a neighbour version serves, is not judged against this one."""
     d = delta(before, after)
+    only = {} if version is None else {"version": version}
     requests = errors = 0.0
     for (name, labels), value in d.samples.items():
         items = dict(labels)
+        if version is not None and items.get("version") != version:
+            continue
         if name == "aieng_requests_total" and items.get("route") in GENERATION_ROUTES:
             requests += value
             errors += value if items.get("code", "").startswith("5") else 0.0
-    finished = d.value("aieng_requests_finished_total")
+    finished = d.value("aieng_requests_finished_total", **only)
 
     def p99(histogram: str) -> float | None:
-        value = d.quantile(histogram, 0.99)
+        value = d.quantile(histogram, 0.99, **only)
         return None if value != value else value  # NaN: nothing observed
 
-    return Window(seconds=seconds, requests=int(requests), errors=int(errors), early_eos=int(d.value("aieng_eos_early_total")),
+    return Window(seconds=seconds, requests=int(requests), errors=int(errors),
+                  early_eos=int(d.value("aieng_eos_early_total", **only)),
                   latency_p99_s=p99("aieng_request_duration_seconds") if finished else None,
                   ttft_p99_s=p99("aieng_time_to_first_token_seconds") if finished else None,
-                  tokens_per_s=d.value("aieng_generation_tokens_total") / seconds if seconds > 0 else None,
+                  tokens_per_s=d.value("aieng_generation_tokens_total", **only) / seconds if seconds > 0 else None,
                   mean_running=sum(running) / len(running) if running else 0.0, eval_regressed=eval_regressed)
 
 
@@ -84,7 +90,8 @@ def watch(store: ModelStore, name: str, url: str, *, thresholds: RollbackThresho
         sleep(interval_s)
         now = scrape(url)
         running.append(now.value("aieng_requests_running"))
-        window = window_between(first, now, time.monotonic() - start, running, eval_regressed=bool(quality_drop))
+        window = window_between(first, now, time.monotonic() - start, running, eval_regressed=bool(quality_drop),
+                                version=version)
         decision = decide(window, baseline, thresholds)
         checks.append({"seconds": round(window.seconds, 1), "requests": window.requests, "errors": window.errors,
                        "action": decision.action, "rule": decision.rule})

@@ -16,7 +16,7 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from aieng.errors import InvalidRequestError, ModelNotFoundError, NotReadyError
-from aieng.observability.metrics import update_resource_gauges
+from aieng.observability.metrics import serving_version, update_resource_gauges
 from aieng.observability.prom import metrics_text
 from aieng.server.http.admin import install_admin_routes
 from aieng.server.http.disconnect import unless_disconnected
@@ -98,12 +98,14 @@ async def _submit(runtime, body, build):
     A hot swap may retire the version between the two (its scheduler then refuses new work):
     the request is rebuilt once on the version that replaced it, so a swap fails no request."""
     serving = runtime.serving
+    serving_version.set(serving.version)  # errors from here on are this version's
     try:
         return serving, serving.bridge.submit(await build(serving), priority=body.priority, timeout=body.timeout)
     except NotReadyError:
         if runtime.serving is serving or runtime.draining:
             raise
     serving = runtime.serving  # the version that replaced it
+    serving_version.set(serving.version)
     return serving, serving.bridge.submit(await build(serving), priority=body.priority, timeout=body.timeout)
 
 

@@ -38,8 +38,9 @@ class Submission:
 
 
 class Bridge:
-    def __init__(self, scheduler: Scheduler, *, metrics_enabled: bool = True):
+    def __init__(self, scheduler: Scheduler, *, metrics_enabled: bool = True, version: str = ""):
         self.scheduler = scheduler
+        self.version = version  # the label of this version's request metrics
         self.metrics_enabled = metrics_enabled
         self._mailboxes: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # loop -> _Mailbox
 
@@ -57,7 +58,7 @@ class Bridge:
         submitted = time.perf_counter()
         queued = self.scheduler.submit(request, sink, priority=priority, timeout=timeout)
         metrics = ClientMetrics(priority=priority, max_tokens=request.params.max_tokens, submitted=submitted,
-                                enabled=self.metrics_enabled)
+                                version=self.version, enabled=self.metrics_enabled)
         return Submission(request, queued, queue, metrics, submitted=submitted)
 
     async def events(self, submission: Submission) -> AsyncIterator[TokenEvent]:

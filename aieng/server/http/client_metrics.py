@@ -16,8 +16,9 @@ ITL_FLUSH_EVERY = 16
 
 
 class ClientMetrics:
-    def __init__(self, *, priority: str, max_tokens: int, submitted: float, enabled: bool = True):
+    def __init__(self, *, priority: str, max_tokens: int, submitted: float, version: str = "", enabled: bool = True):
         self.priority = priority
+        self.version = version  # the version whose engine serves the request
         self.max_tokens = max_tokens
         self.submitted = submitted  # perf_counter seconds
         self.enabled = enabled
@@ -29,16 +30,17 @@ class ClientMetrics:
             return
         if event.token_id is not None:
             if self._previous is None:
-                metrics.TIME_TO_FIRST_TOKEN.labels(priority=self.priority).observe(now - self.submitted)
+                ttft = now - self.submitted
+                metrics.TIME_TO_FIRST_TOKEN.labels(priority=self.priority, version=self.version).observe(ttft)
             else:
                 self._gaps.append(now - self._previous)
                 if len(self._gaps) >= ITL_FLUSH_EVERY:
                     self.flush()
         self._previous = now
         if event.finished:
-            metrics.record_finished(event, max_tokens=self.max_tokens)
+            metrics.record_finished(event, max_tokens=self.max_tokens, version=self.version)
 
     def flush(self) -> None:
         if self._gaps:
-            metrics.observe_many(metrics.INTER_TOKEN_LATENCY, self._gaps)
+            metrics.observe_many(metrics.INTER_TOKEN_LATENCY.labels(version=self.version), self._gaps)
             self._gaps = []

@@ -17,7 +17,7 @@ log = logging.getLogger("aieng.server")
 
 def error_response(exc: AiengError, headers: dict | None = None) -> JSONResponse:
     """The envelope, counted in aieng_request_errors_total{code} (every error leaves through here)."""
-    metrics.REQUEST_ERRORS.labels(code=exc.code).inc()
+    metrics.count_error(exc.code)
     return JSONResponse(exc.envelope(), status_code=exc.status, headers=headers)
 
 

@@ -32,8 +32,9 @@ class RequestContextMiddleware:
         context = tracing.from_headers(headers.get(b"traceparent", b"").decode("latin-1"),
                                        headers.get(b"x-request-id", b"").decode("latin-1"))
         token = tracing.current.set(context)
+        version_token = metrics.serving_version.set((self.model_version() if self.model_version else None) or "")
         scope.setdefault("state", {})["trace"] = context
-        status_holder = {"code": 500}
+        status_holder = {"code": 500, "version": None}
 
         async def send_with_headers(message):
             if message["type"] == "http.response.start":
@@ -43,7 +44,10 @@ class RequestContextMiddleware:
                          (b"x-process-time", f"{time.perf_counter() - start:.6f}".encode())]
                 headers = list(message.get("headers", []))
                 version = self.model_version() if self.model_version else None
-                if version and not any(name.lower() == b"x-model-version" for name, _ in headers):
+                named = [value for name, value in headers if name.lower() == b"x-model-version"]
+                if named:
+                    status_holder["version"] = named[0].decode("latin-1")
+                elif version:
                     extra.append((b"x-model-version", version.encode("latin-1")))
                 message = {**message, "headers": headers + extra}
             await send(message)
@@ -52,11 +56,13 @@ class RequestContextMiddleware:
             await self.app(scope, receive, send_with_headers)
         finally:
             tracing.current.reset(token)
+            version = status_holder["version"] or metrics.serving_version.get()
+            metrics.serving_version.reset(version_token)
             if self.metrics_enabled:
                 route = scope.get("route")
                 path = getattr(route, "path", None) or "unmatched"
-                metrics.REQUESTS.labels(route=path, code=str(status_holder["code"])).inc()
-                metrics.REQUEST_DURATION.labels(route=path).observe(time.perf_counter() - start)
+                metrics.REQUESTS.labels(route=path, code=str(status_holder["code"]), version=version).inc()
+                metrics.REQUEST_DURATION.labels(route=path, version=version).observe(time.perf_counter() - start)
 
 
 class BodySizeLimitMiddleware:
@@ -90,7 +96,7 @@ class BodySizeLimitMiddleware:
 
     async def _reject(self, send):
         error = RequestTooLargeError(f"request body exceeds the limit of {self.max_bytes} bytes")
-        metrics.REQUEST_ERRORS.labels(code=error.code).inc()
+        metrics.count_error(error.code)
         body = json.dumps(error.envelope()).encode()
         await send({"type": "http.response.start", "status": error.status,
                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})

@@ -25,7 +25,7 @@ async def stream_chunks(events: AsyncIterator[TokenEvent], *, chat: bool, respon
     async for event in events:
         last = event
         if event.error is not None:  # the status line is long gone: report the error in the stream
-            metrics.REQUEST_ERRORS.labels(code=event.error.code).inc()
+            metrics.count_error(event.error.code)
             yield sse(event.error.envelope())
             break
         if not event.text and not event.finished:

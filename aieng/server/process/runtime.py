@@ -27,7 +27,7 @@ import torch
 
 from aieng.observability import metrics
 from aieng.engine import Engine, EngineConfig
-from aieng.errors import NotReadyError, request_error_codes
+from aieng.errors import NotReadyError
 from aieng.loading.device import wants_cuda
 from aieng.loading.loader import LoadConfig, LoadedModel, load_version
 from aieng.observability.logs import set_service
@@ -169,8 +169,6 @@ class Runtime:
         self.serving.publish(True)
         set_service(self.model_name, self.model_version)
         metrics.QUEUE_CAPACITY.set(self.config.scheduler.max_queue)
-        for code in request_error_codes():
-            metrics.REQUEST_ERRORS.labels(code=code)  # zeros from the start, so rate() and alerts work
         baseline = (self.loaded.manifest.performance_baseline or {}) if self.loaded.manifest else {}
         metrics.TOKENS_PER_SECOND_BASELINE.set(float(baseline.get("tokens_per_s") or 0.0))
 

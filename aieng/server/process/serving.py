@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 
 from aieng.engine import Engine
+from aieng.errors import request_error_codes
 from aieng.loading.loader import LoadedModel
 from aieng.observability import metrics
 from aieng.observability.observer import MetricsObserver
@@ -37,10 +38,10 @@ class Serving:
     def build(cls, name: str, loaded: LoadedModel, engine: Engine, scheduler: SchedulerConfig, *,
               metrics_enabled: bool) -> "Serving":
         """Wire the engine to a scheduler thread (not started) and the HTTP side."""
-        observers = [MetricsObserver()] if metrics_enabled else []
+        observers = [MetricsObserver(version=loaded.version)] if metrics_enabled else []
         loop = EngineLoop(engine, scheduler, observers=observers)
-        return cls(name, loaded.version, loaded, engine, loop, Bridge(loop.scheduler, metrics_enabled=metrics_enabled),
-                   RequestBuilder(engine))
+        bridge = Bridge(loop.scheduler, metrics_enabled=metrics_enabled, version=loaded.version)
+        return cls(name, loaded.version, loaded, engine, loop, bridge, RequestBuilder(engine))
 
     @property
     def template(self) -> dict:
@@ -58,6 +59,8 @@ class Serving:
         manifest = self.loaded.manifest
         sha = fingerprint(manifest.files) if manifest else ""
         metrics.MODEL_INFO.labels(name=self.name, version=self.version, sha256=sha).set(1 if serving else 0)
+        if serving:
+            metrics.zero_series(self.version, request_error_codes())
 
     def retire(self, timeout_s: float, poll_s: float = 0.05) -> bool:
         """Stop admitting, let in-flight requests finish (up to ``timeout_s``), stop the engine

@@ -107,6 +107,13 @@ def test_promote_and_rollback_under_load_fail_no_request(server, store):
     assert p99(during) <= 2 * p99(steady), f"p99 during the swaps {p99(during):.3f} s vs steady {p99(steady):.3f} s"
     text = scrape(server.base_url)
     assert text.value("aieng_model_swaps_total", outcome="ok") >= 12  # two workers, six swaps each
+    # Request metrics carry the version that served them: per version, /metrics counts exactly
+    # the responses whose X-Model-Version named it.
+    for version in ("1", "2"):
+        served = sum(1 for *_, v in records if v == version)
+        assert text.value("aieng_requests_total", route="/v1/completions", code="200", version=version) == served
+        assert text.value("aieng_time_to_first_token_seconds_count", version=version) == served
+        assert text.value("aieng_requests_finished_total", version=version) == served
     # One KV cache per worker through every swap: the new engine worked in the slots the old one's
     # requests did not need, then took the whole cache back.
     done = [json.loads(line) for line in server.output().splitlines() if '"swap_done"' in line]
