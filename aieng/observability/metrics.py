@@ -34,6 +34,8 @@ MODEL_INFO = Gauge(
     "aieng_model_info", "The model version each worker serves (1) or served before a hot swap (0).",
     ["name", "version", "sha256"], multiprocess_mode="liveall",
 )
+CANARY_WEIGHT = Gauge("aieng_canary_weight", "Share of unpinned requests a worker sends to the canary version.",
+                      ["version"], multiprocess_mode="liveall")
 MODEL_SWAPS = Counter("aieng_model_swaps_total", "Hot swaps of the served version, by outcome (ok, failed).",
                       ["outcome"])
 

@@ -22,6 +22,12 @@ def worker_versions(base_url: str) -> dict[str, str]:
             for (name, labels), value in scrape(base_url).samples.items() if name == "aieng_model_info" and value == 1}
 
 
+def worker_canaries(base_url: str) -> dict[str, tuple[str, float]]:
+    """pid -> (canary version, weight) of each live worker with a canary loaded at a weight above 0."""
+    return {dict(labels).get("pid", "-"): (dict(labels)["version"], value)
+            for (name, labels), value in scrape(base_url).samples.items() if name == "aieng_canary_weight" and value > 0}
+
+
 def reload_server(base_url: str, version: str, *, token: str | None = None, timeout_s: float = 600.0,
                   poll_s: float = 0.5) -> dict[str, str]:
     """Ask ``base_url`` to swap to ``version`` (the store's ``current``) and wait until every

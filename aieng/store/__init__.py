@@ -5,6 +5,7 @@ Layout (docs/architecture.md, "The model store")::
     <store>/<name>/versions/<version>/   model files + manifest.json
     <store>/<name>/current -> versions/<version>
     <store>/<name>/history.jsonl
+    <store>/<name>/canary.json           the version served beside current, and its weight (canary.py)
 """
 
 from aieng.store.manifest import Manifest

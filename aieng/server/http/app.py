@@ -27,6 +27,7 @@ from aieng.server.http.schemas import (AssistantMessage, ChatChoice, ChatComplet
                                        CompletionChoice, CompletionRequest, CompletionResponse, ModelCard, ModelList,
                                        Usage)
 from aieng.server.http.sse import stream_chunks
+from aieng.server.process.canary import pick
 
 CLIENT_CLOSED_REQUEST = 499  # nginx's code for "the client went away"; nobody reads the body
 
@@ -72,14 +73,14 @@ def create_app(runtime, *, max_body_bytes: int = 1_000_000, start_runtime: bool 
     async def completions(body: CompletionRequest, request: Request):
         await runtime.wait_ready()
         _check_common(runtime, body)
-        serving, submission = await _submit(runtime, body, lambda s: s.inputs.completion(body))
+        serving, submission = await _submit(runtime, body, lambda s: s.inputs.completion(body), request)
         return await _respond(runtime, serving, submission, request, body, chat=False, prompt=body.prompt)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         await runtime.wait_ready()
         _check_common(runtime, body)
-        serving, submission = await _submit(runtime, body, lambda s: s.inputs.chat(body))
+        serving, submission = await _submit(runtime, body, lambda s: s.inputs.chat(body), request)
         return await _respond(runtime, serving, submission, request, body, chat=True,
                               prompt=[m.model_dump() for m in body.messages])
 
@@ -92,26 +93,27 @@ def create_app(runtime, *, max_body_bytes: int = 1_000_000, start_runtime: bool 
     return app
 
 
-async def _submit(runtime, body, build):
+async def _submit(runtime, body, build, request: Request):
     """Render and tokenize with one serving version and queue with the same one.
 
     A hot swap may retire the version between the two (its scheduler then refuses new work):
     the request is rebuilt once on the version that replaced it, so a swap fails no request."""
-    serving = runtime.serving
+    key = request.headers.get("x-session-id") or request.state.trace.request_id  # sticky per session
+    serving = pick(runtime, body.model, key)  # stable, or the canary (canary.py)
     serving_version.set(serving.version)  # errors from here on are this version's
     try:
         return serving, serving.bridge.submit(await build(serving), priority=body.priority, timeout=body.timeout)
     except NotReadyError:
-        if runtime.serving is serving or runtime.draining:
+        if serving in (runtime.serving, runtime.canary) or runtime.draining:
             raise
-    serving = runtime.serving  # the version that replaced it
+    serving = pick(runtime, body.model, key)  # the version that replaced it
     serving_version.set(serving.version)
     return serving, serving.bridge.submit(await build(serving), priority=body.priority, timeout=body.timeout)
 
 
 def _check_common(runtime, body) -> None:
     runtime.require_ready()
-    if body.model not in (runtime.model_name, f"{runtime.model_name}@{runtime.model_version}"):
+    if body.model.split("@", 1)[0] != runtime.model_name:  # a version after @ is checked by canary.pick
         raise ModelNotFoundError(f"model {body.model!r} is not served here; this server serves {runtime.model_name!r}",
                                  param="model")
     if body.n != 1:

@@ -51,6 +51,7 @@ from aieng.errors import AiengError
 from aieng.loading.loader import LoadConfig, load_version
 from aieng.observability import metrics
 from aieng.observability.logs import set_service
+from aieng.server.process.canary import CanaryKeeper
 from aieng.server.process.serving import Serving
 from aieng.store import ModelRef, ModelStore
 
@@ -101,6 +102,7 @@ class HotSwapper:
         self.last: SwapOutcome | None = None  # shown in /health/ready
         self._failed_target: str | None = None  # not retried by the poller until `current` moves on
         self._stop = threading.Event()
+        self.canary = CanaryKeeper(runtime)  # the store's canary record, converged on at every check
 
     @property
     def pinned(self) -> bool:
@@ -110,8 +112,16 @@ class HotSwapper:
         return ModelStore(self.runtime.settings.store).current(self.runtime.ref.name)
 
     def check(self, *, forced: bool = False) -> SwapOutcome:
-        """Swap to ``current`` if it differs from what is served. ``forced`` (an admin reload)
-        also retries a version that failed before."""
+        """Swap to ``current`` if it differs from what is served, then load, re-weight or unload
+        the canary to match the store. ``forced`` (an admin reload) also retries a version that
+        failed before."""
+        outcome = self._check_current(forced=forced)
+        if self.runtime.serving is not None and self.runtime.ready and outcome.status != "busy":
+            with self._lock:
+                self.canary.converge(forced=forced)
+        return outcome
+
+    def _check_current(self, *, forced: bool) -> SwapOutcome:
         runtime = self.runtime
         serving = runtime.serving
         if serving is None or not runtime.ready:
@@ -141,7 +151,7 @@ class HotSwapper:
         log.info("hot swap %s@%s -> %s: verifying and loading beside the serving version", old.name, old.version,
                  version, extra={"event": "swap_started", "from": old.version, "to": version})
         try:
-            new = self._load_and_warm(version)
+            new = self._adopt_canary(version) or self._load_and_warm(version)
         except Exception as exc:  # the old version keeps serving
             message = exc.message if isinstance(exc, AiengError) else f"{type(exc).__name__}: {exc}"
             self._failed_target = version
@@ -152,7 +162,8 @@ class HotSwapper:
             return self.last
         runtime.install(new)  # from here new requests go to the new version (queued until its thread runs)
         handover = self._hand_over_cache(old, new)
-        new.engine_loop.start()
+        if not new.engine_loop.alive:  # an adopted canary's thread runs already
+            new.engine_loop.start()
         new.publish(True)
         old.publish(False)
         set_service(new.name, new.version)
@@ -226,6 +237,15 @@ class HotSwapper:
             return False
         new.engine_loop.call_between_steps(lambda: reclaim_cache(new.engine, handover)).result()
         return True
+
+    def _adopt_canary(self, version: str) -> Serving | None:
+        """The canary's Serving when it is the version becoming current (a canary that passed):
+        loaded and warm already, it takes all the traffic as it is."""
+        canary = self.runtime.canary
+        if canary is None or canary.version != version:
+            return None
+        self.canary.adopted()
+        return canary
 
     def _load_and_warm(self, version: str) -> Serving:
         runtime = self.runtime

@@ -86,7 +86,9 @@ class Runtime:
         self.model_name = self.ref.name
         self.model_version: str | None = None
         self.progress = progress or StartupProgress()  # the phase a starting process is in; /health/ready shows it
-        self.swapper = HotSwapper(self)  # follows the store's `current` (hot_swap.py)
+        self.canary: Serving | None = None  # the version served beside `serving` to a share of requests
+        self.canary_weight = 0.0
+        self.swapper = HotSwapper(self)  # follows the store's `current` and canary record (hot_swap.py, canary.py)
 
     # -- master --------------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -242,6 +244,8 @@ class Runtime:
             body["template_version"] = self.serving.template.get("version")
         if self.swapper.last is not None:  # the last hot swap, failed ones included: the old version still serves
             body["swap"] = self.swapper.last.to_dict()
+        if self.canary is not None:
+            body["canary"] = self.swapper.canary.describe()
         if self.progress.running:  # a phase the engine runs while serving (a background compile)
             body.update(self.progress.snapshot())
         return 200, body
@@ -262,11 +266,15 @@ class Runtime:
         self.draining = True
         if self.engine_loop is not None:
             self.engine_loop.scheduler.drain()
+        if self.canary is not None:
+            self.canary.engine_loop.scheduler.drain()
 
     def stop(self) -> None:
         self.swapper.stop()
         if self.engine_loop is not None:
             self.engine_loop.stop()
+        if self.canary is not None:
+            self.canary.engine_loop.stop()
 
 
 @contextlib.contextmanager

@@ -1,0 +1,95 @@
+"""A canary beside the stable version: the split follows the weight, a session stays on one
+version, ``name@V`` pins a version, and a canary that passes becomes stable without a reload."""
+
+import json
+import random
+import time
+import uuid
+
+import httpx
+import pytest
+
+from aieng.bench.server_process import ServerProcess
+from aieng.release.reload import worker_canaries, worker_versions
+from aieng.server.process.canary import assigned_to_canary
+from aieng.store import ModelStore
+from aieng.store.canary import clear_canary, set_canary
+
+TOKEN = "test-admin-token"
+
+
+def test_the_split_follows_the_weight_and_raising_it_only_moves_sessions_to_the_canary():
+    keys = [uuid.uuid4().hex for _ in range(20_000)]
+    for weight in (0.0, 0.01, 0.1, 0.5, 1.0):
+        share = sum(assigned_to_canary(k, weight) for k in keys) / len(keys)
+        assert abs(share - weight) < 0.01, (weight, share)
+    at_10 = {k for k in keys if assigned_to_canary(k, 0.1)}
+    at_50 = {k for k in keys if assigned_to_canary(k, 0.5)}
+    assert at_10 <= at_50  # nobody on the canary at 10% is sent back to stable at 50%
+    assert all(assigned_to_canary(k, 0.1) == (k in at_10) for k in keys[:500])  # the same key, the same answer
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory, demo_model_dir):
+    store = ModelStore(tmp_path_factory.mktemp("canary-store"))
+    for version in ("1", "2"):
+        store.register(demo_model_dir, "demo", version)
+    store.promote("demo", "1")
+    return store
+
+
+@pytest.fixture(scope="module")
+def server(store):
+    env = {"AIENG_ADMIN_TOKEN": TOKEN, "AIENG_RELOAD_POLL_S": "0.3"}
+    with ServerProcess(store=store.root, extra_args=["--workers", "2"], env=env) as proc:
+        yield proc
+
+
+def wait_for(check, what: str, timeout: float = 120.0):
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        if check():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def ask(client, session: str | None = None, model: str = "demo"):
+    headers = {"X-Session-ID": session} if session else {}
+    answer = client.post("/v1/completions", json={"model": model, "prompt": "reverse: ab", "max_tokens": 2},
+                         headers=headers)
+    return answer.status_code, answer.headers.get("x-model-version")
+
+
+@pytest.mark.slow
+def test_a_canary_takes_its_share_keeps_sessions_and_becomes_stable_without_a_failed_request(server, store):
+    random.seed(0)
+    with httpx.Client(base_url=server.base_url, timeout=60) as client:
+        set_canary(store, "demo", "2", 0.1, reason="test: 10%")
+        wait_for(lambda: sorted(worker_canaries(server.base_url).values()) == [("2", 0.1)] * 2, "both workers at 10%")
+        answers = [ask(client, uuid.uuid4().hex) for _ in range(400)]
+        assert all(code == 200 for code, _ in answers), answers
+        share = sum(version == "2" for _, version in answers) / len(answers)
+        assert abs(share - 0.1) <= 0.03, share
+        sessions = [uuid.uuid4().hex for _ in range(10)]
+        for session in sessions:  # sticky: a session's requests, on either worker, land on one version
+            assert len({ask(client, session)[1] for _ in range(6)}) == 1
+        assert ask(client, model="demo@2") == (200, "2") and ask(client, model="demo@1") == (200, "1")
+        code, _ = ask(client, model="demo@9")
+        assert code == 404
+
+        set_canary(store, "demo", "2", 0.5, reason="test: 50%")
+        wait_for(lambda: sorted(worker_canaries(server.base_url).values()) == [("2", 0.5)] * 2, "both workers at 50%")
+        answers = [ask(client, uuid.uuid4().hex) for _ in range(400)]
+        share = sum(version == "2" for _, version in answers) / len(answers)
+        assert all(code == 200 for code, _ in answers) and abs(share - 0.5) <= 0.06, share
+
+        store.promote("demo", "2", reason="test: the canary passed")  # the workers adopt the canary's engine
+        clear_canary(store, "demo", reason="test: promoted")
+        wait_for(lambda: set(worker_versions(server.base_url).values()) == {"2"} and not worker_canaries(server.base_url),
+                 "v2 stable everywhere, no canary")
+        assert {ask(client, uuid.uuid4().hex) for _ in range(20)} == {(200, "2")}
+    swaps = [json.loads(line) for line in server.output().splitlines() if '"swap_warmup"' in line]
+    assert not swaps  # the canary became stable as it was: nothing was loaded again
+    loaded = [line for line in server.output().splitlines() if '"canary_loaded"' in line]
+    assert len(loaded) == 2  # once per worker
