@@ -14,28 +14,14 @@ import pytest
 from aieng.bench.server_process import ServerProcess
 from aieng.observability.scrape import scrape
 from aieng.release.reload import worker_versions
-from aieng.store import ModelRef, ModelStore
+from aieng.store import ModelRef
 
 pytestmark = pytest.mark.slow
 
-TOKEN = "test-admin-token"
+TOKEN = "test-admin-token"  # the admin token of the server fixture (conftest.py)
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
-@pytest.fixture(scope="module")
-def store(tmp_path_factory, demo_model_dir):
-    store = ModelStore(tmp_path_factory.mktemp("swap-store"))
-    for version in ("1", "2"):
-        store.register(demo_model_dir, "demo", version)
-    store.promote("demo", "1")
-    return store
-
-
-@pytest.fixture(scope="module")
-def server(store):
-    env = {"AIENG_ADMIN_TOKEN": TOKEN, "AIENG_RELOAD_POLL_S": "0.5"}
-    with ServerProcess(store=store.root, extra_args=["--workers", "2"], env=env) as proc:
-        yield proc
 
 
 def wait_for_version(base_url: str, version: str, timeout: float = 240.0) -> float:

@@ -1,0 +1,30 @@
+"""A store with demo@1 (current) and demo@2, and a 2-worker server on it with admin routes: what
+the hot-swap and canary tests run against (one of each per test module)."""
+
+import pytest
+
+from aieng.bench.server_process import ServerProcess
+from aieng.store import ModelStore
+
+ADMIN_TOKEN = "test-admin-token"
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory, demo_model_dir):
+    store = ModelStore(tmp_path_factory.mktemp("two-versions"))
+    for version in ("1", "2"):
+        store.register(demo_model_dir, "demo", version)
+    store.promote("demo", "1")
+    return store
+
+
+@pytest.fixture(scope="module")
+def reload_poll_s() -> str:
+    return "0.5"
+
+
+@pytest.fixture(scope="module")
+def server(store, reload_poll_s):
+    env = {"AIENG_ADMIN_TOKEN": ADMIN_TOKEN, "AIENG_RELOAD_POLL_S": reload_poll_s}
+    with ServerProcess(store=store.root, extra_args=["--workers", "2"], env=env) as proc:
+        yield proc
