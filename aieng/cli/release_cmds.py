@@ -35,6 +35,28 @@ def add_parser(sub) -> None:
                    help="skip the live quality probe (held-out prompts per family asked of the server first)")
     p.set_defaults(handler=_watch)
 
+    p = verbs.add_parser("canary", parents=[STORE], help="shift traffic to VERSION step by step; promote or roll back",
+                         description="Canary release on a running server (admin token in $AIENG_ADMIN_TOKEN): the "
+                                     "release gate, then a shadow quality probe of both versions, then for each "
+                                     "--steps percentage the canary gets that share of unpinned traffic and is "
+                                     "checked every --interval seconds against the stable version on the same "
+                                     "traffic: success rate, p99 latency and TTFT as ratios to stable, early-EOS "
+                                     "rate (aieng/release/canary.py). --max-failed-checks failed checks roll it back "
+                                     "(the canary is unloaded); all steps passed promote it to current. Every step "
+                                     "and the outcome go to history.jsonl. Exit 0 promoted, 1 refused by the gate, "
+                                     "3 rolled back.")
+    p.add_argument("name")
+    p.add_argument("version")
+    p.add_argument("--url", required=True, help="the server, e.g. http://127.0.0.1:8000")
+    p.add_argument("--steps", default="1,10,50,100", help="traffic percentages, in order (default 1,10,50,100)")
+    p.add_argument("--interval", default="60s", help="seconds per check, e.g. 60s or 2m (default 60s)")
+    p.add_argument("--max-failed-checks", type=int, default=2, help="failed checks before rolling back (default 2)")
+    p.add_argument("--min-success-rate", type=float, default=None, help="default 0.99")
+    p.add_argument("--max-latency-ratio", type=float, default=None, help="canary p99 / stable p99 (default 1.5)")
+    p.add_argument("--max-ttft-ratio", type=float, default=None, help="default 1.5")
+    p.add_argument("--no-probe", action="store_true", help="skip the shadow quality probe")
+    p.set_defaults(handler=_canary)
+
 
 def _watch(args: argparse.Namespace) -> int:
     from dataclasses import replace
@@ -55,3 +77,32 @@ def _watch(args: argparse.Namespace) -> int:
         return 0
     print(f"{args.name}@{result.version} undecided: {result.decision.reason}")
     return 4
+
+
+def _seconds(text: str) -> float:
+    units = {"s": 1, "m": 60, "h": 3600}
+    text = text.strip().lower()
+    try:
+        return float(text[:-1]) * units[text[-1]] if text[-1] in units else float(text)
+    except (ValueError, IndexError):
+        raise SystemExit(f"--interval {text!r}: give seconds, e.g. 60, 60s or 2m") from None
+
+
+def _canary(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from aieng.release.canary import CanaryThresholds, run_canary
+
+    try:
+        steps = [int(step) for step in args.steps.split(",")]
+    except ValueError:
+        raise SystemExit(f"--steps {args.steps!r}: give percentages, e.g. 1,10,50,100") from None
+    if not steps or steps != sorted(steps) or not 0 < steps[0] or steps[-1] != 100:
+        raise SystemExit(f"--steps {args.steps!r}: rising percentages between 1 and 100, ending at 100")
+    overrides = {"min_success_rate": args.min_success_rate, "max_latency_ratio": args.max_latency_ratio,
+                 "max_ttft_ratio": args.max_ttft_ratio}
+    thresholds = replace(CanaryThresholds(), **{k: v for k, v in overrides.items() if v is not None})
+    result = run_canary(store_from(args), args.name, args.version, args.url, steps=steps,
+                        interval_s=_seconds(args.interval), max_failed_checks=args.max_failed_checks,
+                        thresholds=thresholds, probe=not args.no_probe)
+    return {"promoted": 0, "refused": 1, "rolled_back": 3}[result.outcome]

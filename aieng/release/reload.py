@@ -28,13 +28,13 @@ def worker_canaries(base_url: str) -> dict[str, tuple[str, float]]:
             for (name, labels), value in scrape(base_url).samples.items() if name == "aieng_canary_weight" and value > 0}
 
 
-def reload_server(base_url: str, version: str, *, token: str | None = None, timeout_s: float = 600.0,
-                  poll_s: float = 0.5) -> dict[str, str]:
-    """Ask ``base_url`` to swap to ``version`` (the store's ``current``) and wait until every
-    worker serves it. Returns pid -> version; raises ReloadError naming what went wrong."""
+def admin_reload(base_url: str, token: str | None = None, *, timeout_s: float = 600.0,
+                 version: str | None = None) -> dict:
+    """``POST /admin/reload``: the worker that answers re-reads the store (current and canary) at
+    once; the others follow within their poll. Returns its outcome; raises ReloadError."""
     token = token if token is not None else os.environ.get("AIENG_ADMIN_TOKEN", "")
     if not token:
-        raise ConfigError("--reload needs the server's admin token in AIENG_ADMIN_TOKEN")
+        raise ConfigError("reloading a server needs the server's admin token in AIENG_ADMIN_TOKEN")
     base_url = base_url.rstrip("/")
     try:
         answer = httpx.post(f"{base_url}/admin/reload", headers={"Authorization": f"Bearer {token}"},
@@ -47,8 +47,18 @@ def reload_server(base_url: str, version: str, *, token: str | None = None, time
                           "AIENG_ADMIN_TOKEN set, and the same token here")
     body = answer.json()
     if answer.status_code != 200:
-        raise ReloadError(f"the server refused {version}: {body.get('error') or body}; it keeps serving "
-                          f"{body.get('previous')}. Roll the store back (`aieng model rollback`) so they agree")
+        raise ReloadError(f"the server refused {version or body.get('version')}: {body.get('error') or body}; it "
+                          f"keeps serving {body.get('previous')}. Roll the store back (`aieng model rollback`) so "
+                          "they agree")
+    return body
+
+
+def reload_server(base_url: str, version: str, *, token: str | None = None, timeout_s: float = 600.0,
+                  poll_s: float = 0.5) -> dict[str, str]:
+    """Ask ``base_url`` to swap to ``version`` (the store's ``current``) and wait until every
+    worker serves it. Returns pid -> version; raises ReloadError naming what went wrong."""
+    admin_reload(base_url, token, timeout_s=timeout_s, version=version)
+    base_url = base_url.rstrip("/")
     deadline = time.monotonic() + timeout_s
     while True:
         versions = worker_versions(base_url)

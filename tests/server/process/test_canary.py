@@ -76,3 +76,67 @@ def test_a_canary_takes_its_share_keeps_sessions_and_becomes_stable_without_a_fa
     assert not swaps  # the canary became stable as it was: nothing was loaded again
     loaded = [line for line in server.output().splitlines() if '"canary_loaded"' in line]
     assert len(loaded) == 2  # once per worker
+
+
+class SteadyLoad:
+    """``clients`` threads asking the server with fresh session keys until stopped; records (code, version)."""
+
+    def __init__(self, base_url: str, clients: int = 4):
+        import threading
+
+        self.records: list[tuple[int, str | None]] = []
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._run, args=(base_url,), daemon=True) for _ in range(clients)]
+
+    def _run(self, base_url: str) -> None:
+        with httpx.Client(base_url=base_url, timeout=60) as client:
+            while not self._stop.is_set():
+                try:
+                    self.records.append(ask(client, uuid.uuid4().hex))
+                except httpx.HTTPError:
+                    self.records.append((0, None))
+
+    def __enter__(self):
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        for thread in self._threads:
+            thread.join()
+
+
+EVAL = {"suite": "demo-heldout-v1", "n_per_family": 50,
+        "metrics": {"accuracy": {"reverse": 1.0, "json": 1.0, "add": 0.98, "sort": 1.0}, "perplexity": 1.01}}
+
+
+@pytest.mark.slow
+def test_release_canary_promotes_a_healthy_version_and_rolls_back_a_wrong_one(server, store, monkeypatch, tmp_path,
+                                                                              demo_model_dir):
+    from aieng.demo.degrade import perturbed_copy
+    from aieng.release.canary import run_canary
+    from aieng.store import ModelRef
+
+    monkeypatch.setenv("AIENG_ADMIN_TOKEN", "test-admin-token")
+    stable = store.current("demo")
+    store.register(demo_model_dir, "demo", "3")
+    store.register(perturbed_copy(demo_model_dir, tmp_path / "noisy"), "demo", "4")
+    for version in (stable, "3", "4"):  # v4's eval claims it is fine: only the live probe can tell
+        template = (store.manifest(ModelRef("demo", version)).prompt_template or {}).get("sha256")
+        store.update_manifest(ModelRef("demo", version), eval={**EVAL, "template_sha256": template})
+    logs: list[str] = []
+    with SteadyLoad(server.base_url) as load:
+        healthy = run_canary(store, "demo", "3", server.base_url, steps=[10, 50, 100], interval_s=1.5,
+                             log=logs.append)
+        wrong = run_canary(store, "demo", "4", server.base_url, steps=[10, 50, 100], interval_s=1.5,
+                           log=logs.append)
+    assert healthy.outcome == "promoted" and store.current("demo") == "3", logs
+    assert sorted({check["step"] for check in healthy.checks}) == [10, 50, 100]  # a noisy check may repeat a step
+    assert wrong.outcome == "rolled_back" and wrong.rule == "quality" and store.current("demo") == "3", logs
+    events = [e["action"] for e in store.history("demo")]
+    assert events[-1] == "canary_rolled_back" and "canary_promoted" in events
+    assert all(code == 200 for code, _ in load.records) and len(load.records) > 100
+    assert {version for _, version in load.records} <= {stable, "3", "4"}
+    wait_for(lambda: not worker_canaries(server.base_url), "v4 unloaded everywhere")
+    assert set(worker_versions(server.base_url).values()) == {"3"}

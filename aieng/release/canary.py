@@ -1,0 +1,153 @@
+"""``aieng release canary``: shift traffic to a new version step by step, judging it against the
+stable version on the same live traffic, and promote it or roll it back on its own.
+
+Why against stable and not against a recorded baseline: both versions serve the same mix at the
+same moment on the same machine, so load, noise and the time of day cancel out. The server's
+request metrics carry ``version`` (``aieng.observability.metrics``), so one scrape gives both.
+
+Before the first step: the release gate (the candidate's eval against current's) and a shadow
+quality probe (held-out prompts per family, sent to each version pinned by ``name@V``). At each
+step: the store's canary record gets the step's weight, every worker converges on it (checked on
+``/metrics``), then one check per ``interval``: ``compare`` on what each version served in it.
+A failed check repeats the step; ``max_failed_checks`` of them abort: the canary is cleared
+(workers unload it), the reason goes to history. The last step passed, the canary is promoted
+through the gate and becomes current (workers adopt its engine as it is).
+
+Defaults follow Flagger's (success rate ≥ 99%), with latency judged as a ratio to stable.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+from aieng.evaluation.gate import GateThresholds
+from aieng.observability.scrape import scrape
+from aieng.release.decision import Window
+from aieng.release.probe import quality_probe, regressed
+from aieng.release.promotion import judge, promote
+from aieng.release.reload import admin_reload, worker_canaries
+from aieng.release.watch import window_between
+from aieng.store import ModelStore
+from aieng.store.canary import clear_canary, set_canary
+
+
+@dataclass(frozen=True)
+class CanaryThresholds:
+    min_success_rate: float = 0.99  # of the canary's requests (5xx and engine errors fail)
+    max_latency_ratio: float = 1.5  # canary p99 end-to-end latency / stable's
+    max_ttft_ratio: float = 1.5  # canary p99 time to first token / stable's
+    max_early_eos_rise: float = 0.10  # canary early-EOS rate minus stable's
+    latency_slack_s: float = 0.05  # and at least this much slower: below it, bucket resolution and noise
+    min_requests: int = 20  # canary requests a check needs to judge latency (fewer: judged on errors only)
+    quality_margin: float = 0.25  # a probe family this far below stable's score fails
+
+
+def compare(canary: Window, stable: Window, thresholds: CanaryThresholds = CanaryThresholds()) -> list[dict]:
+    """Every rule the canary fails against stable in one check: ``[{rule, message}]``."""
+    failures = []
+    if canary.requests and 1 - canary.error_rate < thresholds.min_success_rate:
+        failures.append({"rule": "success_rate", "message": f"{1 - canary.error_rate:.1%} of {canary.requests} "
+                                                            f"requests succeeded (< {thresholds.min_success_rate:.0%})"})
+    if canary.requests >= thresholds.min_requests:
+        for rule, mine, theirs, limit in (("latency", canary.latency_p99_s, stable.latency_p99_s, thresholds.max_latency_ratio),
+                                          ("ttft", canary.ttft_p99_s, stable.ttft_p99_s, thresholds.max_ttft_ratio)):
+            if mine is not None and theirs and mine / theirs > limit and mine - theirs > thresholds.latency_slack_s:
+                failures.append({"rule": rule, "message": f"p99 {mine:.3f} s is {mine / theirs:.1f}x stable's "
+                                                          f"{theirs:.3f} s (limit {limit}x)"})
+        rise = canary.early_eos_rate - (stable.early_eos_rate if stable.requests else 0.0)
+        if rise > thresholds.max_early_eos_rise:
+            failures.append({"rule": "early_eos", "message": f"early-EOS rate {canary.early_eos_rate:.1%} is "
+                                                             f"{rise:.1%} above stable's"})
+    return failures
+
+
+@dataclass
+class CanaryResult:
+    outcome: str  # promoted | rolled_back | refused
+    rule: str | None = None
+    reason: str = ""
+    checks: list[dict] = field(default_factory=list)
+
+
+def run_canary(store: ModelStore, name: str, version: str, url: str, *, steps: list[int], interval_s: float,
+               max_failed_checks: int = 2, thresholds: CanaryThresholds = CanaryThresholds(),
+               gate: GateThresholds = GateThresholds(), probe: bool = True, token: str | None = None,
+               log: Callable[[str], None] = print, sleep: Callable[[float], None] = time.sleep) -> CanaryResult:
+    stable = store.current(name)
+    tag = f"[canary {name}@{version}]"
+    decision = judge(store, name, version, stable, gate)
+    if not decision.passed:
+        reason = "; ".join(decision.messages)
+        store.record_event(name, {"action": "canary_refused", "version": version, "reason": reason,
+                                  "gate": decision.to_dict()})
+        log(f"{tag} refused by the release gate: {reason}")
+        return CanaryResult("refused", decision.rules_fired[0], reason)
+    log(f"{tag} release gate passed against {stable}")
+    checks: list[dict] = []
+    set_canary(store, name, version, steps[0] / 100, reason=f"canary step {steps[0]}%")
+    _converge(url, version, steps[0] / 100, token, sleep)
+    if probe:
+        live, reference = quality_probe(url, f"{name}@{version}"), quality_probe(url, f"{name}@{stable}")
+        dropped = regressed(live, reference, thresholds.quality_margin)
+        log(f"{tag} shadow quality probe: canary {live}, stable {reference}")
+        if dropped:
+            return _abort(store, name, version, url, token, "quality", f"probe regressed: {'; '.join(dropped)}",
+                          checks, log, sleep)
+    failed, reference = 0, None
+    for i, percent in enumerate(steps):
+        if i:
+            set_canary(store, name, version, percent / 100, reason=f"canary step {percent}%")
+            _converge(url, version, percent / 100, token, sleep)
+        while True:
+            before, start = scrape(url), time.monotonic()
+            sleep(interval_s)
+            after, seconds = scrape(url), time.monotonic() - start
+            mine = window_between(before, after, seconds, [], version=version)
+            theirs = window_between(before, after, seconds, [], version=stable)
+            reference = theirs if theirs.requests >= thresholds.min_requests else reference or theirs
+            failures = compare(mine, reference, thresholds)
+            checks.append({"step": percent, "canary": _brief(mine), "stable": _brief(theirs), "failures": failures})
+            log(f"{tag} {percent:3d}%: canary {mine.requests} requests, stable {theirs.requests}: "
+                + ("ok" if not failures else "; ".join(f"{f['rule']}: {f['message']}" for f in failures)))
+            if not failures:
+                break
+            failed += 1
+            if failed >= max_failed_checks:
+                return _abort(store, name, version, url, token, failures[0]["rule"],
+                              "; ".join(f["message"] for f in failures), checks, log, sleep)
+    promote(store, name, version, thresholds=gate, reason=f"canary passed {','.join(map(str, steps))}%",
+            actor="aieng release canary")
+    clear_canary(store, name, reason="promoted")
+    admin_reload(url, token)
+    store.record_event(name, {"action": "canary_promoted", "from": stable, "to": version, "checks": checks})
+    log(f"{tag} promoted: {version} is current")
+    return CanaryResult("promoted", None, "every step passed", checks)
+
+
+def _abort(store, name, version, url, token, rule, reason, checks, log, sleep) -> CanaryResult:
+    clear_canary(store, name, reason=f"canary aborted: {rule}: {reason}")
+    admin_reload(url, token)
+    _converge(url, None, 0.0, token, sleep)
+    store.record_event(name, {"action": "canary_rolled_back", "version": version, "rule": rule, "reason": reason,
+                              "checks": checks})
+    log(f"[canary {name}@{version}] rolled back ({rule}): {reason}")
+    return CanaryResult("rolled_back", rule, reason, checks)
+
+
+def _converge(url: str, version: str | None, weight: float, token: str | None, sleep, timeout_s: float = 300.0) -> None:
+    """Ask the server to re-read the store, then wait until every live worker has the canary at ``weight``."""
+    admin_reload(url, token)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        seen = worker_canaries(url)
+        if (version is None and not seen) or (seen and all(v == (version, weight) for v in seen.values())):
+            return
+        sleep(0.25)
+    raise TimeoutError(f"the workers did not converge on canary {version} at {weight:.0%}: {worker_canaries(url)}")
+
+
+def _brief(window: Window) -> dict:
+    keep = ("requests", "errors", "early_eos", "latency_p99_s", "ttft_p99_s")
+    return {k: v for k, v in asdict(window).items() if k in keep}

@@ -1,0 +1,47 @@
+"""The canary check: each rule fires on its own, against the stable version's window."""
+
+import pytest
+
+from aieng.release.canary import CanaryThresholds, compare
+from aieng.release.decision import Window
+
+STABLE = Window(seconds=60, requests=500, errors=0, early_eos=10, latency_p99_s=0.40, ttft_p99_s=0.10)
+
+
+def canary(**changes) -> Window:
+    base = dict(seconds=60, requests=100, errors=0, early_eos=2, latency_p99_s=0.42, ttft_p99_s=0.11)
+    return Window(**{**base, **changes})
+
+
+@pytest.mark.parametrize("window, rules", [
+    (canary(), []),
+    (canary(errors=2), ["success_rate"]),  # 98% < 99%
+    (canary(errors=1), []),
+    (canary(latency_p99_s=1.2), ["latency"]),  # 3x stable
+    (canary(ttft_p99_s=0.5), ["ttft"]),
+    (canary(ttft_p99_s=0.14), []),  # 1.4x: within the ratio
+    (canary(early_eos=20), ["early_eos"]),  # 20% vs stable's 2%
+    (canary(requests=10, latency_p99_s=5.0, early_eos=5), []),  # too few requests to judge latency or EOS
+    (canary(requests=10, errors=1, latency_p99_s=5.0), ["success_rate"]),  # errors are judged at any count
+])
+def test_each_rule_fires_alone(window, rules):
+    assert [f["rule"] for f in compare(window, STABLE)] == rules
+
+
+def test_a_ratio_below_the_slack_is_noise_not_a_regression():
+    fast = Window(seconds=60, requests=500, errors=0, early_eos=0, latency_p99_s=0.020, ttft_p99_s=0.010)
+    assert compare(canary(latency_p99_s=0.045, ttft_p99_s=0.030), fast) == []  # 2-3x, but by under 50 ms
+    assert [f["rule"] for f in compare(canary(latency_p99_s=0.045, ttft_p99_s=0.012), fast,
+                                       CanaryThresholds(latency_slack_s=0))] \
+        == ["latency"]
+
+
+@pytest.mark.parametrize("flags, says", [(["--steps", "10,5,100"], "rising"), (["--steps", "10,50"], "ending at 100"),
+                                         (["--steps", "ten"], "percentages"), (["--interval", "soon"], "--interval")])
+def test_bad_canary_flags_are_refused_before_anything_changes(tmp_path, flags, says):
+    from aieng.cli.main import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["release", "canary", "demo", "2", "--store", str(tmp_path), "--url", "http://127.0.0.1:9", *flags])
+    assert says in str(exit_info.value)
+    assert not any(tmp_path.iterdir())  # nothing written to the store
