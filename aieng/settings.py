@@ -73,6 +73,8 @@ class Settings:
     reload_poll_s: float = _setting(1.0, "each worker checks the store's `current` this often and hot-swaps to it "
                                          "when it changed (N alone in AIENG_MODEL; N@V pins); 0 = only on "
                                          "POST /admin/reload")
+    test_step_delay: str = _setting("", "tests only: VERSION=SECONDS[,...] sleeps that long after every engine step "
+                                        "of those versions (a correct but slow version for the canary tests)")
 
     @classmethod
     def from_env(cls, **overrides) -> "Settings":

@@ -200,8 +200,10 @@ def _history(args: argparse.Namespace) -> int:
             fired = [f["rule"] for f in gate["decision"]["failures"]]
             note = ("  [gate passed]" if not fired else
                     f"  [gate {'overridden' if gate.get('forced') else 'refused'}: {', '.join(dict.fromkeys(fired))}]")
-        print(f"{event['ts']}  {event['action']:12}  {event['from'] or '-':>8} -> {event['to']:<8}  "
-              f"{event['actor']}: {event['reason']}{note}")
+        if "weight" in event:  # a canary step
+            note += f"  [{event['weight']:.0%} of traffic]"
+        print(f"{event.get('ts', '-')}  {event['action']:18}  {event.get('from') or '-':>8} -> {event.get('to') or '-':<8}  "
+              f"{event.get('actor', '-')}: {event.get('reason', '')}{note}")
     return 0
 
 

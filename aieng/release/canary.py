@@ -27,10 +27,13 @@ from aieng.observability.scrape import scrape
 from aieng.release.decision import Window
 from aieng.release.probe import quality_probe, regressed
 from aieng.release.promotion import judge, promote
-from aieng.release.reload import admin_reload, worker_canaries
+from aieng.release.reload import admin_reload, reload_server, worker_canaries, worker_versions
 from aieng.release.watch import window_between
 from aieng.store import ModelStore
 from aieng.store.canary import clear_canary, set_canary
+
+
+ACTOR = "aieng release canary"
 
 
 @dataclass(frozen=True)
@@ -80,8 +83,8 @@ def run_canary(store: ModelStore, name: str, version: str, url: str, *, steps: l
     decision = judge(store, name, version, stable, gate)
     if not decision.passed:
         reason = "; ".join(decision.messages)
-        store.record_event(name, {"action": "canary_refused", "version": version, "reason": reason,
-                                  "gate": decision.to_dict()})
+        store.record_event(name, {"action": "canary_refused", "from": stable, "to": version, "reason": reason,
+                                  "actor": ACTOR, "gate": {"decision": decision.to_dict()}})
         log(f"{tag} refused by the release gate: {reason}")
         return CanaryResult("refused", decision.rules_fired[0], reason)
     log(f"{tag} release gate passed against {stable}")
@@ -118,10 +121,12 @@ def run_canary(store: ModelStore, name: str, version: str, url: str, *, steps: l
                 return _abort(store, name, version, url, token, failures[0]["rule"],
                               "; ".join(f["message"] for f in failures), checks, log, sleep)
     promote(store, name, version, thresholds=gate, reason=f"canary passed {','.join(map(str, steps))}%",
-            actor="aieng release canary")
+            actor=ACTOR)
     clear_canary(store, name, reason="promoted")
-    admin_reload(url, token)
-    store.record_event(name, {"action": "canary_promoted", "from": stable, "to": version, "checks": checks})
+    reload_server(url, version, token=token)  # every worker adopts the canary's engine as its stable one
+    _converge(url, None, 0.0, token, sleep)
+    store.record_event(name, {"action": "canary_promoted", "from": stable, "to": version, "actor": ACTOR,
+                              "reason": f"every step passed ({len(checks)} checks)", "checks": checks})
     log(f"{tag} promoted: {version} is current")
     return CanaryResult("promoted", None, "every step passed", checks)
 
@@ -130,19 +135,21 @@ def _abort(store, name, version, url, token, rule, reason, checks, log, sleep) -
     clear_canary(store, name, reason=f"canary aborted: {rule}: {reason}")
     admin_reload(url, token)
     _converge(url, None, 0.0, token, sleep)
-    store.record_event(name, {"action": "canary_rolled_back", "version": version, "rule": rule, "reason": reason,
-                              "checks": checks})
+    store.record_event(name, {"action": "canary_rolled_back", "from": version, "to": store.current(name),
+                              "rule": rule, "reason": f"{rule}: {reason}", "actor": ACTOR, "checks": checks})
     log(f"[canary {name}@{version}] rolled back ({rule}): {reason}")
     return CanaryResult("rolled_back", rule, reason, checks)
 
 
 def _converge(url: str, version: str | None, weight: float, token: str | None, sleep, timeout_s: float = 300.0) -> None:
-    """Ask the server to re-read the store, then wait until every live worker has the canary at ``weight``."""
+    """Ask the server to re-read the store, then wait until every live worker (each one's
+    ``aieng_model_info``) has the canary at ``weight`` (``None``: until none has one)."""
     admin_reload(url, token)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        seen = worker_canaries(url)
-        if (version is None and not seen) or (seen and all(v == (version, weight) for v in seen.values())):
+        seen, workers = worker_canaries(url), set(worker_versions(url))
+        if (version is None and not seen) or (workers and set(seen) >= workers
+                                               and all(v == (version, weight) for v in seen.values())):
             return
         sleep(0.25)
     raise TimeoutError(f"the workers did not converge on canary {version} at {weight:.0%}: {worker_canaries(url)}")

@@ -53,8 +53,8 @@ def set_canary(store: ModelStore, name: str, version: str, weight: float, *, rea
     if version == store.current(name):
         raise InvalidRequestError(f"{name}@{version} is already the current version: nothing to canary",
                                   param="version")
-    event = {"action": "canary_set", "version": version, "weight": weight, "reason": reason,
-             "actor": actor or default_actor(), "at": utc_now()}
+    event = {"ts": utc_now(), "action": "canary_set", "from": store.current(name), "to": version, "weight": weight,
+             "reason": reason, "actor": actor or default_actor()}
     with store._lock(name):
         _write(canary_path(store, name), CanaryRecord(version, weight).to_dict())
         store._append_history(name, event)
@@ -70,8 +70,8 @@ def clear_canary(store: ModelStore, name: str, *, reason: str = "canary cleared"
         previous = json.loads(path.read_text()).get("version")
         path.unlink()
         fsync_dir(path.parent)
-        event = {"action": "canary_cleared", "version": previous, "reason": reason, "actor": actor or default_actor(),
-                 "at": utc_now()}
+        event = {"ts": utc_now(), "action": "canary_cleared", "from": previous, "to": store.current(name),
+                 "reason": reason, "actor": actor or default_actor()}
         store._append_history(name, event)
     return event
 

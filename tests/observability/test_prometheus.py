@@ -23,6 +23,14 @@ def test_promtool_accepts_the_alert_rules_and_the_scrape_config():
     assert "SUCCESS" in rules.stdout
 
 
+def test_the_alert_rules_fire_on_the_series_they_are_written_for():
+    """promtool's rule unit tests: the canary alert fires for a canary failing more than its stable
+    version (and not for a healthy one), the error-rate alert for 20% failed generations."""
+    result = subprocess.run(["promtool", "test", "rules", "alerts_test.yml"], cwd=ROOT / "deploy/prometheus",
+                            capture_output=True, text=True)
+    assert result.returncode == 0 and "SUCCESS" in result.stdout, result.stdout + result.stderr
+
+
 @needs_prometheus
 def test_a_real_prometheus_scrapes_time_to_first_token(two_workers, tmp_path):
     port = free_port()

@@ -23,10 +23,21 @@ def test_a_canary_is_recorded_read_back_and_cleared_with_history(store):
     assert (record.version, record.weight) == ("2", 0.1)
     set_canary(store, "demo", "2", 0.5, reason="step 2")
     assert read_canary(store, "demo").weight == 0.5
-    assert clear_canary(store, "demo", reason="done")["version"] == "2"
+    assert clear_canary(store, "demo", reason="done")["from"] == "2"
     assert read_canary(store, "demo") is None and not canary_path(store, "demo").exists()
     actions = [(e["action"], e.get("weight")) for e in store.history("demo")[-3:]]
     assert actions == [("canary_set", 0.1), ("canary_set", 0.5), ("canary_cleared", None)]
+
+
+def test_model_history_shows_the_canary_steps(store, capsys):
+    from aieng.cli.main import main
+
+    set_canary(store, "demo", "2", 0.1, reason="step 1")
+    clear_canary(store, "demo", reason="rolled back")
+    assert main(["model", "history", "demo", "--store", str(store.root)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "canary_set" in lines[-2] and "1 -> 2" in lines[-2] and "[10% of traffic]" in lines[-2]
+    assert "canary_cleared" in lines[-1] and "2 -> 1" in lines[-1] and "rolled back" in lines[-1]
 
 
 def test_a_canary_of_the_current_version_reads_as_none_once_it_is_promoted(store):

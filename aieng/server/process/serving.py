@@ -17,7 +17,7 @@ from aieng.engine import Engine
 from aieng.errors import request_error_codes
 from aieng.loading.loader import LoadedModel
 from aieng.observability import metrics
-from aieng.observability.observer import MetricsObserver
+from aieng.observability.observer import MetricsObserver, StepObserver
 from aieng.scheduler import EngineLoop, SchedulerConfig
 from aieng.server.http.bridge import Bridge
 from aieng.server.http.inputs import RequestBuilder
@@ -36,9 +36,11 @@ class Serving:
 
     @classmethod
     def build(cls, name: str, loaded: LoadedModel, engine: Engine, scheduler: SchedulerConfig, *,
-              metrics_enabled: bool) -> "Serving":
+              metrics_enabled: bool, step_delay_s: float = 0.0) -> "Serving":
         """Wire the engine to a scheduler thread (not started) and the HTTP side."""
         observers = [MetricsObserver(version=loaded.version)] if metrics_enabled else []
+        if step_delay_s > 0:  # AIENG_TEST_STEP_DELAY: a version made slow on purpose, for tests
+            observers.append(StepDelay(step_delay_s))
         loop = EngineLoop(engine, scheduler, observers=observers)
         bridge = Bridge(loop.scheduler, metrics_enabled=metrics_enabled, version=loaded.version)
         return cls(name, loaded.version, loaded, engine, loop, bridge, RequestBuilder(engine))
@@ -72,3 +74,23 @@ class Serving:
         finished = not self.in_flight
         self.engine_loop.stop()
         return finished
+
+
+class StepDelay(StepObserver):
+    """Sleeps after every step of one engine (``AIENG_TEST_STEP_DELAY``): the test-only way to make
+    a version that answers correctly but slowly, so the canary's latency checks can be seen to fire."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+
+    def on_step(self, step, running: int, waiting: int, now: float) -> None:
+        time.sleep(self.seconds)
+
+
+def step_delay(settings, version: str) -> float:
+    """``AIENG_TEST_STEP_DELAY``'s delay for ``version`` (``3=0.05,4=0.1``), 0 when unnamed."""
+    for item in filter(None, (part.strip() for part in settings.test_step_delay.split(","))):
+        named, _, seconds = item.partition("=")
+        if named == version:
+            return float(seconds)
+    return 0.0

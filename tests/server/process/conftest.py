@@ -24,7 +24,12 @@ def reload_poll_s() -> str:
 
 
 @pytest.fixture(scope="module")
-def server(store, reload_poll_s):
-    env = {"AIENG_ADMIN_TOKEN": ADMIN_TOKEN, "AIENG_RELOAD_POLL_S": reload_poll_s}
+def server_env() -> dict:
+    return {}
+
+
+@pytest.fixture(scope="module")
+def server(store, reload_poll_s, server_env):
+    env = {"AIENG_ADMIN_TOKEN": ADMIN_TOKEN, "AIENG_RELOAD_POLL_S": reload_poll_s, **server_env}
     with ServerProcess(store=store.root, extra_args=["--workers", "2"], env=env) as proc:
         yield proc

@@ -29,6 +29,11 @@ def reload_poll_s() -> str:
     return "0.3"  # the canary steps converge faster
 
 
+@pytest.fixture(scope="module")
+def server_env() -> dict:
+    return {"AIENG_TEST_STEP_DELAY": "5=0.05"}  # v5 answers like the others, 50 ms later per engine step
+
+
 def wait_for(check, what: str, timeout: float = 120.0):
     start = time.monotonic()
     while time.monotonic() - start < timeout:
@@ -122,7 +127,8 @@ def test_release_canary_promotes_a_healthy_version_and_rolls_back_a_wrong_one(se
     stable = store.current("demo")
     store.register(demo_model_dir, "demo", "3")
     store.register(perturbed_copy(demo_model_dir, tmp_path / "noisy"), "demo", "4")
-    for version in (stable, "3", "4"):  # v4's eval claims it is fine: only the live probe can tell
+    store.register(demo_model_dir, "demo", "5")
+    for version in (stable, "3", "4", "5"):  # v4's eval claims it is fine: only the live probe can tell
         template = (store.manifest(ModelRef("demo", version)).prompt_template or {}).get("sha256")
         store.update_manifest(ModelRef("demo", version), eval={**EVAL, "template_sha256": template})
     logs: list[str] = []
@@ -131,12 +137,40 @@ def test_release_canary_promotes_a_healthy_version_and_rolls_back_a_wrong_one(se
                              log=logs.append)
         wrong = run_canary(store, "demo", "4", server.base_url, steps=[10, 50, 100], interval_s=1.5,
                            log=logs.append)
+        slow = run_canary(store, "demo", "5", server.base_url, steps=[10, 50, 100], interval_s=3.0,
+                          log=logs.append)
     assert healthy.outcome == "promoted" and store.current("demo") == "3", logs
     assert sorted({check["step"] for check in healthy.checks}) == [10, 50, 100]  # a noisy check may repeat a step
     assert wrong.outcome == "rolled_back" and wrong.rule == "quality" and store.current("demo") == "3", logs
+    assert slow.outcome == "rolled_back" and slow.rule in ("latency", "ttft") and store.current("demo") == "3", logs
+    assert {check["step"] for check in slow.checks} == {10}  # caught at the first step
     events = [e["action"] for e in store.history("demo")]
     assert events[-1] == "canary_rolled_back" and "canary_promoted" in events
     assert all(code == 200 for code, _ in load.records) and len(load.records) > 100
-    assert {version for _, version in load.records} <= {stable, "3", "4"}
+    assert {version for _, version in load.records} <= {stable, "3", "4", "5"}
     wait_for(lambda: not worker_canaries(server.base_url), "v4 unloaded everywhere")
     assert set(worker_versions(server.base_url).values()) == {"3"}
+
+
+@pytest.mark.slow
+def test_the_canary_runbook_dry_runs_then_releases(server, store, monkeypatch, tmp_path, demo_model_dir):
+    from aieng.runbooks import execute
+    from aieng.store import ModelRef
+
+    monkeypatch.setenv("AIENG_ADMIN_TOKEN", "test-admin-token")
+    stable = store.current("demo")
+    store.register(demo_model_dir, "demo", "6")
+    template = (store.manifest(ModelRef("demo", "6")).prompt_template or {}).get("sha256")
+    store.update_manifest(ModelRef("demo", "6"), eval={**EVAL, "template_sha256": template})
+    params = {"name": "demo", "version": "6", "store": str(store.root), "server_url": server.base_url,
+              "steps": "50,100", "interval_s": 1.5}
+    history = store.history("demo")
+    record = execute("canary_release", params, runs_dir=tmp_path).read_text()  # dry_run defaults to True
+    assert "dry run: store unchanged" in record and store.history("demo") == history
+    with SteadyLoad(server.base_url) as load:
+        record = execute("canary_release", {**params, "dry_run": False}, runs_dir=tmp_path).read_text()
+    assert "demo@6 is current and serves on every worker" in record, record[-2000:]
+    assert store.current("demo") == "6" and all(code == 200 for code, _ in load.records)
+    record = execute("canary_release", {**params, "dry_run": False}, runs_dir=tmp_path).read_text()
+    assert "already current" in record  # a re-run is a no-op
+    assert stable != "6"
