@@ -91,9 +91,14 @@ def take_cache(engine, handover: CacheHandover) -> None:
 def own_cache(engine, slots: int) -> None:
     """The fallback when a hand-over fails: a cache of the successor's own, as a fresh engine has."""
     runner = engine.runner
-    runner.cache = SlotKVCache(runner.cache.shape, slots=slots, capacity=runner.cache.capacity, device=runner.device)
-    mark_cache_dynamic(runner.cache)
+    runner.cache = _fresh_cache(runner, slots, runner.cache.capacity)
     runner.awaits_cache = False
+
+
+def _fresh_cache(runner, slots: int, capacity: int) -> SlotKVCache:
+    cache = SlotKVCache(runner.cache.shape, slots=slots, capacity=capacity, device=runner.device)
+    mark_cache_dynamic(cache)  # like the serving cache: the graphs run on it as they are
+    return cache
 
 
 def reclaim_cache(engine, handover: CacheHandover) -> None:
@@ -109,8 +114,7 @@ def scratch_cache(runner, *, rows: int = 2, capacity: int = 64):
         yield
         return
     waiting = runner.cache
-    runner.cache = SlotKVCache(waiting.shape, slots=rows, capacity=capacity, device=runner.device)
-    mark_cache_dynamic(runner.cache)
+    runner.cache = _fresh_cache(runner, rows, capacity)
     try:
         yield
     finally:

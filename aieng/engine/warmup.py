@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import time
+from contextlib import nullcontext
 from collections.abc import Callable
 
 import torch
@@ -40,17 +41,14 @@ def warm_up(engine, progress: Callable[[str], None]) -> float:
     batch_sizes = sorted({min(b, engine.max_rows) for b in config.warmup_batch_sizes})
     shapes = [(b, n) for b in batch_sizes for n in config.warmup_prompt_lengths]
     native = hasattr(engine.runner, "build_graphs")
-    if native and engine.runner.successor:  # a hot swap: one short request checks the new weights run
+    successor = native and engine.runner.successor
+    if successor:  # a hot swap: one short request checks the new weights run (its graphs are shared)
         shapes = [(1, min(config.warmup_prompt_lengths))]
-        with scratch_cache(engine.runner, capacity=min(64, engine.context_length)):
-            _run_shapes(engine, shapes, params, vocab, generator, progress, "eager")
-        if config.compile and engine.runner.net.compiled_stack is not None:
-            _compile(engine, progress, start)
-        return time.perf_counter() - start
-    if native:
+    elif native:
         engine.runner.compiled_ready = False  # the shapes run eagerly; graphs are built after them
     mode = "eager" if native or not engine.compiled else "compiling the forward"
-    _run_shapes(engine, shapes, params, vocab, generator, progress, mode)
+    with scratch_cache(engine.runner, capacity=min(64, engine.context_length)) if successor else nullcontext():
+        _run_shapes(engine, shapes, params, vocab, generator, progress, mode)
     if not native:
         if engine.compiled:
             engine.runner.forward_fn.mark_warm()
