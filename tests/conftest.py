@@ -83,3 +83,47 @@ def tiny_shape_model_dir(tmp_path_factory) -> Path:
     from aieng.demo.shapes import build_shape_model
 
     return build_shape_model(tmp_path_factory.mktemp("tiny-shape") / "model", "tiny", seed=0)
+
+
+@pytest.fixture
+def prometheus(tmp_path):
+    """``start(server_url) -> prometheus_url``: a real Prometheus (the project's scrape config and
+    alert rules, scraping every second) on a free port, stopped after the test. Skips without the
+    binary (Debian package ``prometheus``; ``.ci/run`` installs it)."""
+    import shutil
+    import subprocess
+    import time
+
+    import httpx
+
+    from aieng.bench.server_process import free_port
+
+    if shutil.which("prometheus") is None:
+        pytest.skip("the prometheus binary is absent (Debian package `prometheus`; .ci/run installs it)")
+    deploy = Path(__file__).resolve().parents[1] / "deploy/prometheus"
+    procs = []
+
+    def start(server_url: str) -> str:
+        config = (deploy / "prometheus.yml").read_text().replace("scrape_interval: 15s", "scrape_interval: 1s")
+        (tmp_path / "prometheus.yml").write_text(config.replace("127.0.0.1:8000", server_url.split("://")[-1]))
+        shutil.copy(deploy / "alerts.yml", tmp_path / "alerts.yml")
+        url = f"http://127.0.0.1:{free_port()}"
+        procs.append(subprocess.Popen(["prometheus", f"--config.file={tmp_path / 'prometheus.yml'}",
+                                       f"--storage.tsdb.path={tmp_path / 'data'}",
+                                       f"--web.listen-address={url.split('://')[1]}"],
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # ready, and has scraped the target at least once
+            try:
+                up = httpx.get(f"{url}/api/v1/query", params={"query": "up"}, timeout=2).json()["data"]["result"]
+                if up and up[0]["value"][1] == "1":
+                    return url
+            except (httpx.HTTPError, KeyError, ValueError):
+                pass
+            time.sleep(0.3)
+        raise RuntimeError(f"Prometheus at {url} did not scrape {server_url} within 60 s")
+
+    yield start
+    for proc in procs:
+        proc.terminate()
+        proc.wait(20)

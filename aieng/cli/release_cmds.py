@@ -55,6 +55,12 @@ def add_parser(sub) -> None:
     p.add_argument("--max-latency-ratio", type=float, default=None, help="canary p99 / stable p99 (default 1.5)")
     p.add_argument("--max-ttft-ratio", type=float, default=None, help="default 1.5")
     p.add_argument("--no-probe", action="store_true", help="skip the shadow quality probe")
+    p.add_argument("--prometheus", metavar="URL", default=None,
+                   help="read the checks from this Prometheus (e.g. http://127.0.0.1:9090) instead of the server's "
+                        "/metrics; the PromQL asked is printed in the log")
+    p.add_argument("--prometheus-selector", default="", metavar="MATCHERS",
+                   help="label matchers added to every query, e.g. 'job=\"aieng\"' when Prometheus scrapes more "
+                        "than this service")
     p.set_defaults(handler=_canary)
 
 
@@ -92,6 +98,7 @@ def _canary(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from aieng.release.canary import CanaryThresholds, run_canary
+    from aieng.release.sources import PrometheusMetrics
 
     try:
         steps = [int(step) for step in args.steps.split(",")]
@@ -104,5 +111,6 @@ def _canary(args: argparse.Namespace) -> int:
     thresholds = replace(CanaryThresholds(), **{k: v for k, v in overrides.items() if v is not None})
     result = run_canary(store_from(args), args.name, args.version, args.url, steps=steps,
                         interval_s=_seconds(args.interval), max_failed_checks=args.max_failed_checks,
-                        thresholds=thresholds, probe=not args.no_probe)
+                        thresholds=thresholds, probe=not args.no_probe,
+                        metrics=PrometheusMetrics(args.prometheus, args.prometheus_selector) if args.prometheus else None)
     return {"promoted": 0, "refused": 1, "rolled_back": 3}[result.outcome]

@@ -4,6 +4,8 @@ stable version on the same live traffic, and promote it or roll it back on its o
 Why against stable and not against a recorded baseline: both versions serve the same mix at the
 same moment on the same machine, so load, noise and the time of day cancel out. The server's
 request metrics carry ``version`` (``aieng.observability.metrics``), so one scrape gives both.
+Where the numbers come from is ``aieng.release.sources``: the server's ``/metrics`` by default, a
+Prometheus server when given; either way the log prints the PromQL of every check.
 
 Before the first step: the release gate (the candidate's eval against current's) and a shadow
 quality probe (held-out prompts per family, sent to each version pinned by ``name@V``). At each
@@ -23,12 +25,11 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 from aieng.evaluation.gate import GateThresholds
-from aieng.observability.scrape import scrape
 from aieng.release.decision import Window
 from aieng.release.probe import quality_probe, regressed
 from aieng.release.promotion import judge, promote
 from aieng.release.reload import admin_reload, reload_server, worker_canaries, worker_versions
-from aieng.release.watch import window_between
+from aieng.release.sources import PrometheusMetrics, ServerMetrics, promql
 from aieng.store import ModelStore
 from aieng.store.canary import clear_canary, set_canary
 
@@ -77,7 +78,11 @@ class CanaryResult:
 def run_canary(store: ModelStore, name: str, version: str, url: str, *, steps: list[int], interval_s: float,
                max_failed_checks: int = 2, thresholds: CanaryThresholds = CanaryThresholds(),
                gate: GateThresholds = GateThresholds(), probe: bool = True, token: str | None = None,
+               metrics: ServerMetrics | PrometheusMetrics | None = None,
                log: Callable[[str], None] = print, sleep: Callable[[float], None] = time.sleep) -> CanaryResult:
+    """``url`` is the server (the store's changes reach it through ``/admin/reload``); ``metrics``
+    is where the checks read, the server's ``/metrics`` unless a Prometheus is given."""
+    metrics = metrics or ServerMetrics(url)
     stable = store.current(name)
     tag = f"[canary {name}@{version}]"
     decision = judge(store, name, version, stable, gate)
@@ -93,22 +98,24 @@ def run_canary(store: ModelStore, name: str, version: str, url: str, *, steps: l
     _converge(url, version, steps[0] / 100, token, sleep)
     if probe:
         live, reference = quality_probe(url, f"{name}@{version}"), quality_probe(url, f"{name}@{stable}")
-        dropped = regressed(live, reference, thresholds.quality_margin)
+        dropped = regressed(live, reference, thresholds.quality_margin, against="stable")
         log(f"{tag} shadow quality probe: canary {live}, stable {reference}")
         if dropped:
             return _abort(store, name, version, url, token, "quality", f"probe regressed: {'; '.join(dropped)}",
                           checks, log, sleep)
+    log(f"{tag} checks read {metrics.describe()} every {interval_s:g} s; their questions as PromQL:")
+    selector = getattr(metrics, "selector", "")
+    for who, v in (("canary", version), ("stable", stable)):
+        for key, query in promql(v, interval_s, selector).items():
+            log(f"{tag}   {who} {key}: {query}")
     failed, reference = 0, None
     for i, percent in enumerate(steps):
         if i:
             set_canary(store, name, version, percent / 100, reason=f"canary step {percent}%")
             _converge(url, version, percent / 100, token, sleep)
         while True:
-            before, start = scrape(url), time.monotonic()
-            sleep(interval_s)
-            after, seconds = scrape(url), time.monotonic() - start
-            mine = window_between(before, after, seconds, [], version=version)
-            theirs = window_between(before, after, seconds, [], version=stable)
+            windows = metrics.measure([version, stable], interval_s, sleep)
+            mine, theirs = windows[version], windows[stable]
             reference = theirs if theirs.requests >= thresholds.min_requests else reference or theirs
             failures = compare(mine, reference, thresholds)
             checks.append({"step": percent, "canary": _brief(mine), "stable": _brief(theirs), "failures": failures})

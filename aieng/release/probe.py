@@ -32,10 +32,12 @@ def quality_probe(url: str, model: str, *, n_per_family: int = 8, max_tokens: in
     return {family: count / n_per_family for family, count in right.items()}
 
 
-def regressed(probe: dict[str, float], reference: dict[str, float] | None, margin: float = 0.25) -> list[str]:
-    """Families whose probe rate is more than ``margin`` below the reference eval (a wide margin:
-    a probe of a few prompts per family is coarse)."""
+def regressed(probe: dict[str, float], reference: dict[str, float] | None, margin: float = 0.25,
+              against: str = "recorded") -> list[str]:
+    """Families whose probe rate is more than ``margin`` below the reference (a wide margin: a probe
+    of a few prompts per family is coarse). ``against`` names the reference in the message: the
+    stable version's recorded eval for the watchdog, its live probe score for a canary."""
     if not reference:
         return []
-    return [f"{family}: {probe.get(family, 0.0):.0%} live vs {rate:.0%} recorded" for family, rate in reference.items()
+    return [f"{family}: {probe.get(family, 0.0):.0%} live vs {rate:.0%} {against}" for family, rate in reference.items()
             if probe.get(family, 0.0) < rate - margin - 1e-9]

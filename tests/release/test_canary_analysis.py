@@ -45,3 +45,23 @@ def test_bad_canary_flags_are_refused_before_anything_changes(tmp_path, flags, s
         main(["release", "canary", "demo", "2", "--store", str(tmp_path), "--url", "http://127.0.0.1:9", *flags])
     assert says in str(exit_info.value)
     assert not any(tmp_path.iterdir())  # nothing written to the store
+
+
+def test_the_promql_of_a_check_names_the_version_the_selector_and_the_whole_interval():
+    from aieng.release.sources import promql
+
+    queries = promql("3", 59.2, 'job="aieng"')
+    assert queries["requests"] == ('sum(increase(aieng_requests_total{route=~"/v1/completions|/v1/chat/completions",'
+                                   'version="3",job="aieng"}[60s]))')
+    assert 'code=~"5.."' in queries["errors"]
+    assert queries["ttft_p99_s"] == ('histogram_quantile(0.99, sum by (le) (increase('
+                                     'aieng_time_to_first_token_seconds_bucket{version="3",job="aieng"}[60s])))')
+    assert all('version="3"' in q for q in queries.values())
+
+
+def test_a_prometheus_that_does_not_answer_is_a_clear_error():
+    from aieng.bench.server_process import free_port
+    from aieng.release.sources import PrometheusMetrics
+
+    with pytest.raises(RuntimeError, match="did not answer"):
+        PrometheusMetrics(f"http://127.0.0.1:{free_port()}", timeout_s=2).query("up")
