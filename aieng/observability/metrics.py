@@ -36,6 +36,8 @@ MODEL_INFO = Gauge(
 )
 CANARY_WEIGHT = Gauge("aieng_canary_weight", "Share of unpinned requests a worker sends to the canary version.",
                       ["version"], multiprocess_mode="liveall")
+CANARY_LOADED = Gauge("aieng_canary_loaded", "1 while a worker holds this canary version loaded, at any weight (0 too).",
+                      ["version"], multiprocess_mode="liveall")
 MODEL_SWAPS = Counter("aieng_model_swaps_total", "Hot swaps of the served version, by outcome (ok, failed).",
                       ["outcome"])
 

@@ -8,7 +8,8 @@ Where the numbers come from is ``aieng.release.sources``: the server's ``/metric
 Prometheus server when given; either way the log prints the PromQL of every check.
 
 Before the first step: the release gate (the candidate's eval against current's) and a shadow
-quality probe (held-out prompts per family, sent to each version pinned by ``name@V``). At each
+quality probe (held-out prompts per family, sent to each version pinned by ``name@V``; the canary
+is loaded at weight 0 for it, so a wrong version is caught before any user meets it). At each
 step: the store's canary record gets the step's weight, every worker converges on it (checked on
 ``/metrics``), then one check per ``interval``: ``compare`` on what each version served in it.
 A failed check repeats the step; ``max_failed_checks`` of them abort: the canary is cleared
@@ -94,25 +95,24 @@ def run_canary(store: ModelStore, name: str, version: str, url: str, *, steps: l
         return CanaryResult("refused", decision.rules_fired[0], reason)
     log(f"{tag} release gate passed against {stable}")
     checks: list[dict] = []
-    set_canary(store, name, version, steps[0] / 100, reason=f"canary step {steps[0]}%")
-    _converge(url, version, steps[0] / 100, token, sleep)
-    if probe:
+    if probe:  # loaded at weight 0: only the probe's pinned requests reach it, no user yet
+        set_canary(store, name, version, 0.0, reason="canary loaded for the shadow probe")
+        _converge(url, version, 0.0, token, sleep)
         live, reference = quality_probe(url, f"{name}@{version}"), quality_probe(url, f"{name}@{stable}")
         dropped = regressed(live, reference, thresholds.quality_margin, against="stable")
         log(f"{tag} shadow quality probe: canary {live}, stable {reference}")
         if dropped:
-            return _abort(store, name, version, url, token, "quality", f"probe regressed: {'; '.join(dropped)}",
-                          checks, log, sleep)
+            return _abort(store, name, version, url, token, "quality",
+                          f"quality: probe regressed: {'; '.join(dropped)}", checks, log, sleep)
     log(f"{tag} checks read {metrics.describe()} every {interval_s:g} s; their questions as PromQL:")
     selector = getattr(metrics, "selector", "")
     for who, v in (("canary", version), ("stable", stable)):
         for key, query in promql(v, interval_s, selector).items():
             log(f"{tag}   {who} {key}: {query}")
     failed, reference = 0, None
-    for i, percent in enumerate(steps):
-        if i:
-            set_canary(store, name, version, percent / 100, reason=f"canary step {percent}%")
-            _converge(url, version, percent / 100, token, sleep)
+    for percent in steps:
+        set_canary(store, name, version, percent / 100, reason=f"canary step {percent}%")
+        _converge(url, version, percent / 100, token, sleep)
         while True:
             windows = metrics.measure([version, stable], interval_s, sleep)
             mine, theirs = windows[version], windows[stable]
@@ -126,7 +126,7 @@ def run_canary(store: ModelStore, name: str, version: str, url: str, *, steps: l
             failed += 1
             if failed >= max_failed_checks:
                 return _abort(store, name, version, url, token, failures[0]["rule"],
-                              "; ".join(f["message"] for f in failures), checks, log, sleep)
+                              "; ".join(f"{f['rule']}: {f['message']}" for f in failures), checks, log, sleep)
     promote(store, name, version, thresholds=gate, reason=f"canary passed {','.join(map(str, steps))}%",
             actor=ACTOR)
     clear_canary(store, name, reason="promoted")
@@ -139,12 +139,12 @@ def run_canary(store: ModelStore, name: str, version: str, url: str, *, steps: l
 
 
 def _abort(store, name, version, url, token, rule, reason, checks, log, sleep) -> CanaryResult:
-    clear_canary(store, name, reason=f"canary aborted: {rule}: {reason}")
+    clear_canary(store, name, reason=f"canary aborted: {reason}")
     admin_reload(url, token)
     _converge(url, None, 0.0, token, sleep)
     store.record_event(name, {"action": "canary_rolled_back", "from": version, "to": store.current(name),
-                              "rule": rule, "reason": f"{rule}: {reason}", "actor": ACTOR, "checks": checks})
-    log(f"[canary {name}@{version}] rolled back ({rule}): {reason}")
+                              "rule": rule, "reason": reason, "actor": ACTOR, "checks": checks})
+    log(f"[canary {name}@{version}] rolled back: {reason}")
     return CanaryResult("rolled_back", rule, reason, checks)
 
 

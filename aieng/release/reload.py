@@ -23,9 +23,14 @@ def worker_versions(base_url: str) -> dict[str, str]:
 
 
 def worker_canaries(base_url: str) -> dict[str, tuple[str, float]]:
-    """pid -> (canary version, weight) of each live worker with a canary loaded at a weight above 0."""
-    return {dict(labels).get("pid", "-"): (dict(labels)["version"], value)
-            for (name, labels), value in scrape(base_url).samples.items() if name == "aieng_canary_weight" and value > 0}
+    """pid -> (canary version, weight) of each live worker with a canary loaded (at weight 0 too:
+    loaded for a shadow probe, answering only requests pinned to it)."""
+    samples = scrape(base_url).samples
+    weights = {(dict(labels).get("pid", "-"), dict(labels)["version"]): value
+               for (name, labels), value in samples.items() if name == "aieng_canary_weight"}
+    return {pid: (version, weights.get((pid, version), 0.0))
+            for pid, version in ((dict(labels).get("pid", "-"), dict(labels)["version"])
+                                 for (name, labels), value in samples.items() if name == "aieng_canary_loaded" and value == 1)}
 
 
 def admin_reload(base_url: str, token: str | None = None, *, timeout_s: float = 600.0,

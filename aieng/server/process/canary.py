@@ -88,6 +88,7 @@ class CanaryKeeper:
         canary = self.runtime.canary
         if canary is not None:
             metrics.CANARY_WEIGHT.labels(version=canary.version).set(0)
+            metrics.CANARY_LOADED.labels(version=canary.version).set(0)
         self.runtime.canary, self.runtime.canary_weight = None, 0.0
 
     def _load(self, record: CanaryRecord) -> None:
@@ -110,6 +111,8 @@ class CanaryKeeper:
         metrics.zero_series(canary.version, request_error_codes())
         runtime.canary_weight = 0.0
         runtime.canary = canary
+        metrics.CANARY_WEIGHT.labels(version=canary.version).set(0)
+        metrics.CANARY_LOADED.labels(version=canary.version).set(1)
         self.failed = None
         log.info("canary %s loaded beside %s", ref, runtime.serving.version,
                  extra={"event": "canary_loaded", "to": record.version, "shared_graphs": engine.shared_graphs})
@@ -130,6 +133,7 @@ class CanaryKeeper:
         runtime.canary_weight = 0.0  # new requests go to stable from here
         runtime.canary = None
         metrics.CANARY_WEIGHT.labels(version=canary.version).set(0)
+        metrics.CANARY_LOADED.labels(version=canary.version).set(0)
         finished = canary.retire(timeout_s=runtime.settings.request_timeout_s)
         log.info("canary %s unloaded (%s)", canary.version, "nothing left in flight" if finished
                  else "timed out waiting for its requests", extra={"event": "canary_unloaded", "to": canary.version})

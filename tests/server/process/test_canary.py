@@ -47,7 +47,7 @@ def ask(client, session: str | None = None, model: str = "demo"):
     headers = {"X-Session-ID": session} if session else {}
     answer = client.post("/v1/completions", json={"model": model, "prompt": "reverse: ab", "max_tokens": 2},
                          headers=headers)
-    return answer.status_code, answer.headers.get("x-model-version")
+    return answer.status_code, answer.headers.get("x-model-version") if answer.is_success else answer.text[:300]
 
 
 @pytest.mark.slow
@@ -103,8 +103,8 @@ class SteadyLoad:
             while not self._stop.is_set():
                 try:
                     self.records.append(ask(client, uuid.uuid4().hex))
-                except httpx.HTTPError:
-                    self.records.append((0, None))
+                except httpx.HTTPError as exc:  # recorded as (0, what went wrong), for the assertion's message
+                    self.records.append((0, repr(exc)))
 
     def __enter__(self):
         for thread in self._threads:
@@ -115,6 +115,12 @@ class SteadyLoad:
         self._stop.set()
         for thread in self._threads:
             thread.join()
+
+
+def failed(load: SteadyLoad, server) -> dict:
+    """What a failed-request assertion shows: the failed records and the server's error lines."""
+    errors = [line for line in server.output().splitlines() if '"level": "error"' in line or "Traceback" in line]
+    return {"failed": [r for r in load.records if r[0] != 200][:10], "server_errors": errors[-20:]}
 
 
 EVAL = {"suite": "demo-heldout-v1", "n_per_family": 50,
@@ -147,12 +153,15 @@ def test_release_canary_promotes_a_healthy_version_and_rolls_back_a_wrong_one(se
     assert healthy.outcome == "promoted" and store.current("demo") == "3", logs
     assert sorted({check["step"] for check in healthy.checks}) == [10, 50, 100]  # a noisy check may repeat a step
     assert wrong.outcome == "rolled_back" and wrong.rule == "quality" and store.current("demo") == "3", logs
+    assert not wrong.checks and "4" not in {version for _, version in load.records}  # probed at weight 0: no user met v4
+    assert [e.get("weight") for e in store.history("demo") if e.get("to") == "4" and e["action"] == "canary_set"] == [0.0]
     assert slow.outcome == "rolled_back" and slow.rule in ("latency", "ttft") and store.current("demo") == "3", logs
     assert {check["step"] for check in slow.checks} == {10}  # caught at the first step
     events = [e["action"] for e in store.history("demo")]
     assert events[-1] == "canary_rolled_back" and "canary_promoted" in events
-    assert all(code == 200 for code, _ in load.records) and len(load.records) > 100
-    assert {version for _, version in load.records} <= {stable, "3", "4", "5"}
+    assert all(code == 200 for code, _ in load.records), failed(load, server)
+    assert len(load.records) > 100
+    assert {version for _, version in load.records} <= {stable, "3", "5"}
     wait_for(lambda: not worker_canaries(server.base_url), "v4 unloaded everywhere")
     assert set(worker_versions(server.base_url).values()) == {"3"}
 
@@ -179,7 +188,7 @@ def test_release_canary_judges_by_prometheus_when_given_one_and_prints_its_promq
     assert stable["requests"] >= 20 and stable["latency_p99_s"] > 0  # Prometheus saw stable's traffic too
     assert any('histogram_quantile(0.99, sum by (le) (increase(aieng_request_duration_seconds_bucket'
                '{version="7",job="aieng"}[4s])))' in line for line in logs), logs
-    assert all(code == 200 for code, _ in load.records)
+    assert all(code == 200 for code, _ in load.records), failed(load, server)
     with pytest.raises(RuntimeError, match="Prometheus refused 'sum\\('"):
         metrics.query("sum(")
 
@@ -201,6 +210,7 @@ def test_the_canary_runbook_dry_runs_then_releases(server, store, monkeypatch, t
     with SteadyLoad(server.base_url) as load:
         record = execute("canary_release", {**params, "dry_run": False}, runs_dir=tmp_path).read_text()
     assert "demo@6 is current and serves on every worker" in record, record[-2000:]
-    assert store.current("demo") == "6" and all(code == 200 for code, _ in load.records)
+    assert store.current("demo") == "6"
+    assert all(code == 200 for code, _ in load.records), failed(load, server)
     record = execute("canary_release", {**params, "dry_run": False}, runs_dir=tmp_path).read_text()
     assert "already current" in record and store.current("demo") == "6"  # a re-run is a no-op
