@@ -54,16 +54,18 @@ async def stream_clients(base_url: str, clients: int, stop: asyncio.Event, recor
 
 
 def test_promote_and_rollback_under_load_fail_no_request(server, store):
-    """Three promote/rollback cycles (12 worker swaps) under 16 streams: the p99 over all of them
-    is judged, so one hiccup of this shared machine cannot decide it but a stall on every swap
-    (what compiling beside the serving engine once caused) does."""
+    """Three promote/rollback cycles (12 worker swaps) under 16 streams: each cycle's p99 is taken
+    and the median cycle judged, so one hiccup of this shared machine cannot decide it but a stall
+    on every swap (what compiling beside the serving engine once caused) does."""
     async def scenario():
         records, stop = [], asyncio.Event()
         load = asyncio.create_task(stream_clients(server.base_url, 16, stop, records))
         await asyncio.sleep(8)
         steady_end = time.monotonic()
+        cycles = []  # (start, end) of each promote + rollback
         async with httpx.AsyncClient(base_url=server.base_url, timeout=300) as admin:
             for cycle in range(3):
+                cycle_start = time.monotonic()
                 store.promote("demo", "2", reason=f"test: hot swap {cycle}")
                 answer = await admin.post("/admin/reload", headers=AUTH)
                 assert answer.status_code == 200 and answer.json()["version"] == "2", answer.text
@@ -72,13 +74,14 @@ def test_promote_and_rollback_under_load_fail_no_request(server, store):
                 answer = await admin.post("/admin/reload", headers=AUTH)
                 assert answer.status_code == 200 and answer.json()["version"] == "1", answer.text
                 await asyncio.to_thread(wait_for_version, server.base_url, "1")
+                cycles.append((cycle_start, time.monotonic()))
         swaps_end = time.monotonic()
         await asyncio.sleep(3)
         stop.set()
         await load
-        return records, steady_end, swaps_end
+        return records, steady_end, swaps_end, cycles
 
-    records, steady_end, swaps_end = asyncio.run(scenario())
+    records, steady_end, swaps_end, cycles = asyncio.run(scenario())
     failed = [r for r in records if not r[2]]
     assert not failed, f"{len(failed)} of {len(records)} requests failed"
     assert all(version in ("1", "2") for *_, version in records)
@@ -88,9 +91,16 @@ def test_promote_and_rollback_under_load_fail_no_request(server, store):
     steady = [end - start for start, end, ok, _ in records if end < steady_end and start > steady_end - 6]
     during = [end - start for start, end, ok, _ in records if steady_end < start < swaps_end]
     p99 = lambda xs: statistics.quantiles(xs, n=100)[98]
+    per_cycle = [p99([end - start for start, end, ok, _ in records if a < start < b]) for a, b in cycles]
     print(f"hot swap under load: {len(records)} requests, {len(during)} during the swaps "
-          f"({swaps_end - steady_end:.1f} s), p99 {p99(during):.3f} s vs steady {p99(steady):.3f} s")
-    assert p99(during) <= 2 * p99(steady), f"p99 during the swaps {p99(during):.3f} s vs steady {p99(steady):.3f} s"
+          f"({swaps_end - steady_end:.1f} s), p99 {p99(during):.3f} s (per cycle "
+          f"{', '.join(f'{x:.3f}' for x in per_cycle)}) vs steady {p99(steady):.3f} s")
+    # The median cycle: a stall on every swap (what compiling beside the serving engine once
+    # caused) fails, one hiccup of this shared 2-core machine during one cycle does not.
+    swaps = [{k: e.get(k) for k in ("ts", "event", "seconds", "message")} for e in
+             map(json.loads, (line for line in server.output().splitlines() if '"swap_' in line))]
+    assert statistics.median(per_cycle) <= 2 * p99(steady), (
+        f"p99 per promote/rollback cycle {per_cycle} vs steady {p99(steady):.3f} s; swap log: {swaps}")
     text = scrape(server.base_url)
     assert text.value("aieng_model_swaps_total", outcome="ok") >= 12  # two workers, six swaps each
     # Request metrics carry the version that served them: per version, /metrics counts exactly
