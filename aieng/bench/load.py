@@ -73,7 +73,7 @@ async def _one(session: aiohttp.ClientSession, url: str, body: dict) -> RequestS
                 line = raw.decode("utf-8").rstrip("\r\n")
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
-                if ttft is not None and _plain_content_chunk(line):
+                if ttft is not None and plain_content_chunk(line):
                     tokens += 1  # the client shares the cores with the server: skip parsing what it need not
                     continue
                 chunk = json.loads(line[6:])
@@ -93,7 +93,7 @@ async def _one(session: aiohttp.ClientSession, url: str, body: dict) -> RequestS
         return RequestSample(time.perf_counter() - start, None, 0, 0, repr(exc))
 
 
-def _plain_content_chunk(line: str) -> bool:
+def plain_content_chunk(line: str) -> bool:
     """A mid-stream chunk: not finished, no usage or error, non-empty text. Counting it needs no parse.
 
     Works for both servers the bench drives: aieng writes ``"finish_reason":null`` mid-stream,

@@ -10,7 +10,7 @@ import logging
 import sys
 
 from aieng import __version__
-from aieng.cli import bench_cmds, demo_cmds, eval_cmd, model_cmds, release_cmds, serve_cmd
+from aieng.cli import bench_cmds, demo_cmds, eval_cmd, loadtest_cmd, model_cmds, release_cmds, serve_cmd
 from aieng.errors import AiengError
 
 
@@ -29,6 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve_cmd.add_parser(sub)
     bench_cmds.add_parser(sub)
     release_cmds.add_parser(sub)
+    loadtest_cmd.add_parser(sub)
     return parser
 
 
@@ -36,6 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per HTTP call drowns what the command says
     try:
         return int(args.handler(args) or 0)
     except AiengError as exc:

@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from aieng.bench.load import _plain_content_chunk, percentile, run_load
+from aieng.bench.load import plain_content_chunk, percentile, run_load
 from aieng.bench.serve_bench import request_bodies
 from aieng.bench.server_process import ServerProcess
 
@@ -19,9 +19,9 @@ ERROR = 'data: {"error":{"message":"out of memory","type":"server_error","param"
 
 
 def test_only_plain_mid_stream_chunks_skip_parsing():
-    assert _plain_content_chunk(AIENG_MID) and _plain_content_chunk(PEER_MID)
+    assert plain_content_chunk(AIENG_MID) and plain_content_chunk(PEER_MID)
     for line in (AIENG_LAST, AIENG_USAGE, PEER_LAST, CHAT_ROLE, ERROR):
-        assert not _plain_content_chunk(line), line
+        assert not plain_content_chunk(line), line
 
 
 def test_percentile_picks_the_nearest_rank():

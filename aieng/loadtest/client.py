@@ -1,0 +1,231 @@
+"""Send a workload's requests on schedule and time every one of them, token by token.
+
+Times are taken against the request's *scheduled* start, not the moment the client got round to
+sending it: when the client (or the server's accept queue) falls behind an open-loop schedule,
+that wait is part of what a user would have seen, and measuring from the send time would hide it
+(coordinated omission). ``sent - scheduled`` is kept as the client's own lag, so a run where the
+client, not the server, was the bottleneck can be told apart.
+
+Streaming is parsed as ``aieng.bench.load`` does it (aiohttp's C parser, JSON only for the chunks
+that carry the first token, usage, errors or the finish), since the client shares the cores with
+the server it measures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+import aiohttp
+import aiohttp.http_exceptions
+from tqdm.auto import tqdm
+
+from aieng.bench.load import plain_content_chunk
+from aieng.bench.peers import peer_body_extra
+from aieng.loadtest.arrivals import arrival_times
+from aieng.loadtest.workload import Workload
+
+
+@dataclass
+class RequestRecord:
+    cls: str  # the workload class it belongs to
+    scheduled: float  # seconds since the run began when it was due
+    sent: float = 0.0  # when it was sent (the client's lag is sent - scheduled)
+    first_token: float | None = None
+    end: float = 0.0
+    status: int = 0  # HTTP status; 0 when no response came (connection refused, reset, timeout)
+    error: str | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int = 0
+    gaps: list[float] = field(default_factory=list)  # seconds between consecutive content chunks
+    retry_after_s: float | None = None  # a 429's Retry-After
+    retries: int = 0  # 429s retried after their Retry-After (honour_retry_after)
+    measured: bool = True  # started inside the window (not warm-up or cool-down)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 200 and self.error is None
+
+    @property
+    def ttft_s(self) -> float | None:
+        return None if self.first_token is None else self.first_token - self.scheduled
+
+    @property
+    def e2e_s(self) -> float:
+        return self.end - self.scheduled
+
+    @property
+    def tpot_s(self) -> float | None:
+        """Time per output token after the first (what a reader of the stream waits per token)."""
+        if self.first_token is None or self.completion_tokens < 2:
+            return None
+        return (self.end - self.first_token) / (self.completion_tokens - 1)
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out["gaps"] = [round(g, 5) for g in self.gaps]
+        return out
+
+
+@dataclass
+class RunConfig:
+    url: str
+    server_kind: str = "aieng"  # how `exact_tokens` is asked for: aieng | transformers | llama.cpp | openai
+    honour_retry_after: bool = False  # retry a 429 after its Retry-After (up to 3 times) instead of counting it
+    max_in_flight: int = 2048  # a bound on the client itself; reaching it shows as client lag
+    progress: bool = True
+
+
+class Requests:
+    """The bodies a workload sends, drawn class by class with the workload's shares (seeded)."""
+
+    def __init__(self, workload: Workload, server_kind: str, pool: int = 256):
+        self.workload = workload
+        self.rng = random.Random(f"classes:{workload.seed}")
+        self.prompts = {c.name: c.prompts(pool, workload.seed) for c in workload.classes}
+        self.count = 0
+        # "openai": a server with no way to ignore EOS; replies may then end before max_tokens
+        self.extra = {c.name: (peer_body_extra(server_kind, c.max_tokens, None)
+                               if c.exact_tokens and server_kind != "openai" else {}) for c in workload.classes}
+
+    def next(self) -> tuple[str, dict]:
+        w = self.workload
+        cls = self.rng.choices(w.classes, weights=[c.share for c in w.classes])[0]
+        prompt = self.prompts[cls.name][self.count % len(self.prompts[cls.name])]
+        self.count += 1
+        body = {"model": w.model, "max_tokens": cls.max_tokens, "stream": True,
+                "stream_options": {"include_usage": True}, **w.extra_body, **self.extra[cls.name]}
+        if w.route == "/v1/chat/completions":
+            body["messages"] = [{"role": "user", "content": prompt}]
+        else:
+            body["prompt"] = prompt
+        return cls.name, body
+
+
+async def _send(session: aiohttp.ClientSession, url: str, body: dict, record: RequestRecord, t0: float,
+                honour_retry_after: bool) -> None:
+    now = lambda: time.perf_counter() - t0  # noqa: E731
+    record.sent = now()
+    try:
+        while True:
+            async with session.post(url, json=body) as resp:
+                if resp.status == 429:
+                    header = resp.headers.get("Retry-After")
+                    record.retry_after_s = float(header) if header and header.replace(".", "", 1).isdigit() else None
+                    if honour_retry_after and record.retries < 3:
+                        record.retries += 1
+                        await asyncio.sleep(record.retry_after_s or 1.0)
+                        continue
+                if resp.status != 200:
+                    record.status, record.error, record.end = resp.status, (await resp.text())[:300], now()
+                    return
+                record.status = 200
+                last = None
+                async for raw in resp.content:
+                    line = raw.decode("utf-8").rstrip("\r\n")
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    if last is not None and plain_content_chunk(line):
+                        t = now()
+                        record.gaps.append(t - last)
+                        record.completion_tokens += 1
+                        last = t
+                        continue
+                    chunk = json.loads(line[6:])
+                    if "error" in chunk:
+                        record.error = str(chunk["error"].get("message", chunk["error"]))[:300]
+                        break
+                    if usage := chunk.get("usage"):
+                        record.prompt_tokens = usage.get("prompt_tokens")
+                        record.completion_tokens = usage.get("completion_tokens", record.completion_tokens)
+                    for choice in chunk.get("choices") or []:
+                        if choice.get("text") or (choice.get("delta") or {}).get("content"):
+                            t = now()
+                            if last is None:
+                                record.first_token = t
+                            else:
+                                record.gaps.append(t - last)
+                            record.completion_tokens += 1
+                            last = t
+                record.end = now()
+                return
+    except (aiohttp.ClientError, aiohttp.http_exceptions.HttpProcessingError, asyncio.TimeoutError, ValueError) as exc:
+        record.status = record.status if record.status != 200 else 0
+        record.error, record.end = repr(exc)[:300], now()
+
+
+async def run_async(workload: Workload, config: RunConfig,
+                    on_warm: Callable[[], None] | None = None) -> tuple[list[RequestRecord], float]:
+    """Run the workload once; returns every request's record and the run's wall time.
+    ``on_warm`` is called (on a thread) when the warm-up ends: the post-run checks' first look."""
+    w, arrival = workload, workload.arrival
+    url = config.url.rstrip("/") + w.route
+    requests = Requests(w, config.server_kind)
+    records: list[RequestRecord] = []
+    window = (w.warmup_s, w.duration_s - w.cooldown_s)
+    connector = aiohttp.TCPConnector(limit=config.max_in_flight)
+    timeout = aiohttp.ClientTimeout(total=w.timeout_s, sock_connect=30)
+    due_times = None if arrival.process == "closed" else arrival_times(
+        arrival.process, arrival.rate, w.duration_s, burstiness=arrival.burstiness, seed=w.seed, limit=w.max_requests)
+    bar = tqdm(total=None if due_times is None else len(due_times), unit="req", disable=not config.progress,
+               desc=f"loadtest {w.name} " + (f"{arrival.users} users" if due_times is None else
+                                             f"{arrival.process} {arrival.rate:.4g}/s"), leave=False, mininterval=1.0)
+    counts = {"ok": 0, "failed": 0}
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        t0 = time.perf_counter()
+        warm = asyncio.create_task(_call_at(w.warmup_s, on_warm))
+
+        async def one(scheduled: float) -> None:
+            cls, body = requests.next()
+            record = RequestRecord(cls, scheduled, measured=window[0] <= scheduled < window[1])
+            records.append(record)
+            await _send(session, url, body, record, t0, config.honour_retry_after)
+            counts["ok" if record.ok else "failed"] += 1
+            bar.update(1)
+            bar.set_postfix(counts, refresh=False)
+
+        if arrival.process == "closed":
+            rng = random.Random(f"think:{w.seed}")
+
+            async def user() -> None:
+                while len(records) < w.max_requests and time.perf_counter() - t0 < w.duration_s:
+                    await one(time.perf_counter() - t0)
+                    await asyncio.sleep(rng.expovariate(1 / arrival.think_s) if arrival.think_s > 0 else 0)
+
+            await asyncio.gather(*(user() for _ in range(arrival.users)))
+        else:
+            tasks = []
+            for due in due_times:
+                delay = due - (time.perf_counter() - t0)
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                tasks.append(asyncio.create_task(one(due)))
+            await asyncio.gather(*tasks)
+        wall = time.perf_counter() - t0
+        await warm
+    bar.close()
+    return records, wall
+
+
+async def _call_at(seconds: float, fn: Callable[[], None] | None) -> None:
+    if fn is not None:
+        await asyncio.sleep(seconds)
+        await asyncio.to_thread(fn)
+
+
+def run(workload: Workload, config: RunConfig, on_warm: Callable[[], None] | None = None
+        ) -> tuple[list[RequestRecord], float]:
+    """Synchronous wrapper; works inside a notebook's running event loop too."""
+    coroutine = run_async(workload, config, on_warm)
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coroutine)
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coroutine).result()
