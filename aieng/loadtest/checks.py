@@ -63,28 +63,30 @@ class ServerBooks:
         value = snapshot.value("aieng_process_resident_memory_bytes") if snapshot else 0.0
         return value or None
 
-    def wait_idle(self, timeout_s: float) -> Snapshot | None:
-        deadline = time.monotonic() + timeout_s
+    def wait_idle(self, timeout_s: float) -> tuple[Snapshot | None, float]:
+        """The last look, and how long after the client finished it was taken."""
+        start = time.monotonic()
         while True:
             self.look("after")
-            after = self.snapshots["after"]
-            if after is None or time.monotonic() > deadline or not (
+            after, waited = self.snapshots["after"], time.monotonic() - start
+            if after is None or waited > timeout_s or not (
                     after.value("aieng_requests_running") or after.value("aieng_requests_waiting")):
-                return after
+                return after, waited
             time.sleep(0.5)
 
 
 def post_run_checks(books: ServerBooks, records: list, measured_summary: dict,
                     limits: CheckLimits = CheckLimits()) -> list[dict]:
     """Each check: ``{name, passed (True/False/None: skipped), detail}``."""
-    after = books.wait_idle(limits.idle_timeout_s)
+    after, waited = books.wait_idle(limits.idle_timeout_s)
     checks = [_rss_growth(books, len(records), limits), _metrics_agree(books, records, limits)]
     if after is None:
         checks.append(_skipped("idle_after", "the server has no aieng metrics to show running and waiting requests"))
     else:
         running, waiting = after.value("aieng_requests_running"), after.value("aieng_requests_waiting")
         checks.append({"name": "idle_after", "passed": running == 0 and waiting == 0,
-                       "detail": f"{running:g} running, {waiting:g} waiting {limits.idle_timeout_s:g} s after the run"})
+                       "detail": f"{running:g} running, {waiting:g} waiting {waited:.1f} s after the client finished "
+                                 f"(waits up to {limits.idle_timeout_s:g} s)"})
     total, failed = measured_summary["requests"], measured_summary["failed"]
     rate = failed / total if total else 0.0
     checks.append({"name": "error_rate", "passed": bool(total) and rate <= limits.max_error_rate,
@@ -94,7 +96,7 @@ def post_run_checks(books: ServerBooks, records: list, measured_summary: dict,
 
 
 def _skipped(name: str, why: str) -> dict:
-    return {"name": name, "passed": None, "detail": f"skipped: {why}"}
+    return {"name": name, "passed": None, "detail": why}
 
 
 def _rss_growth(books: ServerBooks, requests: int, limits: CheckLimits) -> dict:

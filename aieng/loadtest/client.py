@@ -107,7 +107,7 @@ class Requests:
 
 
 async def _send(session: aiohttp.ClientSession, url: str, body: dict, record: RequestRecord, t0: float,
-                honour_retry_after: bool) -> None:
+                honour_retry_after: bool, timeout_s: float) -> None:
     now = lambda: time.perf_counter() - t0  # noqa: E731
     record.sent = now()
     try:
@@ -153,8 +153,10 @@ async def _send(session: aiohttp.ClientSession, url: str, body: dict, record: Re
                             last = t
                 record.end = now()
                 return
-    except (aiohttp.ClientError, aiohttp.http_exceptions.HttpProcessingError, asyncio.TimeoutError, ValueError) as exc:
-        record.status = record.status if record.status != 200 else 0
+    except asyncio.TimeoutError:  # the status stays: 0 when no reply began, 200 when a stream was cut short
+        record.end = now()
+        record.error = f"no complete reply within the workload's timeout_s ({timeout_s:g} s)"
+    except (aiohttp.ClientError, aiohttp.http_exceptions.HttpProcessingError, ValueError) as exc:
         record.error, record.end = repr(exc)[:300], now()
 
 
@@ -183,7 +185,7 @@ async def run_async(workload: Workload, config: RunConfig,
             cls, body = requests.next()
             record = RequestRecord(cls, scheduled, measured=window[0] <= scheduled < window[1])
             records.append(record)
-            await _send(session, url, body, record, t0, config.honour_retry_after)
+            await _send(session, url, body, record, t0, config.honour_retry_after, w.timeout_s)
             counts["ok" if record.ok else "failed"] += 1
             bar.update(1)
             bar.set_postfix(counts, refresh=False)

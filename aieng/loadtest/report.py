@@ -76,7 +76,7 @@ def plot(data: dict, levels: list[dict], out: Path) -> dict[str, Path]:
         if ttfts:
             ax.plot(ttfts, [(i + 1) / len(ttfts) for i in range(len(ttfts))], label=f"{cls} ({len(ttfts)})")
     ax.set_xlabel("time to first token, s"); ax.set_ylabel("share of requests"); ax.legend(fontsize=8)
-    ax.set_title(f"TTFT CDF per class ({_level_name(shown)})")
+    ax.set_title(f"TTFT CDF per class ({level_name(shown)})")
     figures["ttft_cdf"] = _save(fig, out / "ttft_cdf.png")
 
     fig, ax = plt.subplots(figsize=(8, 3.2))
@@ -100,7 +100,7 @@ def _shown_level(data: dict, levels: list[dict]) -> dict:
     return levels[-1] if data["mode"] == "sweep" and not data["saturation"] else levels[0]
 
 
-def _level_name(level: dict) -> str:
+def level_name(level: dict) -> str:
     return f"{level['users']} users" if level["process"] == "closed" else f"{level['process']} {level['rate']:.4g} req/s"
 
 
@@ -118,7 +118,7 @@ def render_html(data: dict, figures: dict[str, Path]) -> str:
     rows = []
     for level in data["levels"]:
         a = level["summary"]["all"]
-        rows.append(f"<tr><td>{e(_level_name(level))}</td><td>{a['requests']}</td><td>{a['throughput_rps']}</td>"
+        rows.append(f"<tr><td>{e(level_name(level))}</td><td>{a['requests']}</td><td>{a['throughput_rps']}</td>"
                     f"<td>{a['goodput_rps']}</td><td>{a['output_tokens_per_s']}</td><td>{a['ttft_s']['p50']}</td>"
                     f"<td>{a['ttft_s']['p99']}</td><td>{a['itl_s']['p99']}</td><td>{a['e2e_s']['p99']}</td>"
                     f"<td>{a['failed']} {e(json.dumps(a['errors_by_status']))}</td></tr>")

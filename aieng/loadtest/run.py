@@ -12,7 +12,7 @@ import httpx
 
 from aieng.loadtest.checks import CheckLimits, ServerBooks, post_run_checks
 from aieng.loadtest.client import RunConfig
-from aieng.loadtest.report import capacity_text, results, write
+from aieng.loadtest.report import capacity_text, level_name, results, write
 from aieng.loadtest.summary import DEFAULT_SLOS, describe
 from aieng.loadtest.sweep import capacity_plan, run_level, run_sweep, saturation
 from aieng.loadtest.workload import Workload
@@ -62,7 +62,7 @@ def run_loadtest(test: LoadTest, log: Callable[[str], None] = print) -> dict:
     paths = write(test.out, data, levels)
     for level in data["levels"]:
         a = level["summary"]["all"]
-        log(f"[loadtest] {a['requests']} measured requests: {a['throughput_rps']} req/s, goodput "
+        log(f"[loadtest] {level_name(level)}: {a['requests']} measured requests, {a['throughput_rps']} req/s, goodput "
             f"{a['goodput_rps']} req/s ({a['slo_attainment']} met {test.slos}), TTFT p50/p99 "
             f"{a['ttft_s']['p50']}/{a['ttft_s']['p99']} s, ITL p99 {a['itl_s']['p99']} s, failed {a['failed']}")
     if test.sweep:

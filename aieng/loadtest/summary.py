@@ -5,11 +5,14 @@ succeeded *and* met every SLO given. Throughput alone rewards a server that answ
 too late to be useful. Per request, the SLO quantities are:
 
 - ``ttft``: time from the scheduled start to the first token;
-- ``itl``: the request's 95th-percentile gap between tokens (stutter a reader would notice);
+- ``itl``: the request's 95th-percentile gap between streamed chunks (stutter a reader would
+  notice; a chunk can carry several tokens, and a token with no text of its own sends none, so
+  this is a gap between pieces of text, as vLLM's benchmark measures it; ``tpot`` is per token);
 - ``tpot``: mean time per output token after the first;
 - ``e2e``: time from the scheduled start to the last byte.
 
-Only requests started inside the measurement window count (warm-up and cool-down excluded).
+Percentiles and errors are of the requests scheduled inside the measurement window (warm-up and
+cool-down excluded); throughput and goodput count the requests that finished inside it.
 """
 
 from __future__ import annotations
@@ -75,26 +78,25 @@ def _round(value: float | None) -> float | None:
 
 
 def describe(records: list[RequestRecord], window_s: float, slos: dict[str, float],
-             window_start: float | None = None) -> dict:
-    """One group of measured requests (a class, or all): counts, rates, percentiles, goodput.
+             finished: list[RequestRecord] | None = None) -> dict:
+    """One group of measured requests (a class, or all): counts, percentiles, and rates.
 
-    Offered rate is per ``window_s`` (the requests were scheduled in it); throughput and goodput
-    are per the time it took to *finish* them, from ``window_start`` to the last one's end when
-    that is longer: a server past saturation finishes the window's requests late, and counting
-    them over the window alone would credit it with the rate it was offered."""
+    ``records`` were scheduled in the window (their percentiles, errors and offered rate);
+    ``finished`` are the requests that *ended* in it, whenever they were scheduled: throughput,
+    goodput and tokens/s count those. At steady state the two rates agree; past saturation the
+    server finishes fewer than arrive, and only completions show it (default: ``records``)."""
     ok = [r for r in records if r.ok]
-    met = [r for r in ok if meets(r, slos)]
-    served_s = window_s
-    if window_start is not None and records:
-        served_s = max(window_s, max(r.end for r in records) - window_start)
+    done = [r for r in (records if finished is None else finished) if r.ok]
+    met = [r for r in done if meets(r, slos)]
     statuses = Counter(str(r.status) for r in records if not r.ok)
     return {
         "requests": len(records), "ok": len(ok), "failed": len(records) - len(ok),
         "errors_by_status": dict(sorted(statuses.items())),
         "rate_limited": sum(r.status == 429 for r in records), "retried_after_429": sum(r.retries for r in records),
-        "offered_rps": round(len(records) / window_s, 4), "throughput_rps": round(len(ok) / served_s, 4),
-        "goodput_rps": round(len(met) / served_s, 4), "served_s": round(served_s, 3), "slo_attainment": round(len(met) / len(records), 4) if records else None,
-        "output_tokens_per_s": round(sum(r.completion_tokens for r in ok) / served_s, 2),
+        "offered_rps": round(len(records) / window_s, 4), "throughput_rps": round(len(done) / window_s, 4),
+        "goodput_rps": round(len(met) / window_s, 4),
+        "slo_attainment": round(sum(meets(r, slos) for r in ok) / len(records), 4) if records else None,
+        "output_tokens_per_s": round(sum(r.completion_tokens for r in done) / window_s, 2),
         "tokens_in": sum(r.prompt_tokens or 0 for r in ok), "tokens_out": sum(r.completion_tokens for r in ok),
         "ttft_s": _spread([r.ttft_s for r in ok if r.ttft_s is not None]),
         "itl_s": _spread([g for r in ok for g in r.gaps]),
@@ -107,10 +109,12 @@ def describe(records: list[RequestRecord], window_s: float, slos: dict[str, floa
 def summarize(records: list[RequestRecord], window: tuple[float, float], slos: dict[str, float]) -> dict:
     """The run's measured requests (scheduled in ``window``, seconds from the start), overall and per class."""
     measured = [r for r in records if r.measured]
+    finished = [r for r in records if window[0] <= r.end < window[1]]
     classes = sorted({r.cls for r in records})
-    start, seconds = window[0], window[1] - window[0]
-    return {"window_s": round(seconds, 3), "slos": slos, "all": describe(measured, seconds, slos, start),
-            "classes": {c: describe([r for r in measured if r.cls == c], seconds, slos, start) for c in classes}}
+    seconds = window[1] - window[0]
+    return {"window_s": round(seconds, 3), "slos": slos, "all": describe(measured, seconds, slos, finished),
+            "classes": {c: describe([r for r in measured if r.cls == c], seconds, slos,
+                                    [r for r in finished if r.cls == c]) for c in classes}}
 
 
 def timeline(records: list[RequestRecord], bin_s: float = 1.0) -> dict:

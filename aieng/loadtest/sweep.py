@@ -44,8 +44,11 @@ def run_sweep(workload: Workload, config: RunConfig, slos: dict[str, float], *, 
     cooldown = min(workload.cooldown_s, s.duration_s / 8)
     levels: list[dict] = []
     for i, rate in enumerate(sweep_rates(workload)):
+        # a level past saturation must not outlast itself by the full request timeout: what has not
+        # finished within twice the level's length counts as failed, and the sweep moves on
         level_workload = replace(workload.with_arrival(process=process, rate=rate), duration_s=s.duration_s,
-                                 warmup_s=warmup, cooldown_s=cooldown, seed=workload.seed + i)
+                                 warmup_s=warmup, cooldown_s=cooldown, seed=workload.seed + i,
+                                 timeout_s=min(workload.timeout_s, max(30.0, 2 * s.duration_s)))
         level = run_level(level_workload, config, slos, on_warm=on_warm if i == 0 else None)
         levels.append(level)
         a = level["summary"]["all"]

@@ -49,3 +49,27 @@ def test_incident_triage_takes_its_thresholds_from_the_alert_rules(live_server, 
     executed = execute("incident_triage", {"base_url": live_server.base_url, "window_s": 1, "alert_rules": str(rules)},
                        runs_dir=tmp_path)
     assert "TTFT p99 <= 2.25s" in executed.read_text()
+
+
+def test_load_test_dry_run_sends_nothing_then_a_run_passes_its_checks_and_keeps_the_report(live_server, tmp_path):
+    import json
+
+    from aieng.observability.scrape import scrape
+
+    before = scrape(live_server.base_url).value("aieng_requests_total", route="/v1/chat/completions")
+    params = {"server_url": live_server.base_url, "duration_s": 6.0, "rate": 8.0, "out_dir": str(tmp_path / "out")}
+    record = execute("load_test", params, runs_dir=tmp_path).read_text()
+    assert "[dry run] nothing sent" in record and "poisson arrivals at 8 req/s for 6 s" in record
+    assert scrape(live_server.base_url).value("aieng_requests_total", route="/v1/chat/completions") == before
+    record = execute("load_test", {**params, "dry_run": False}, runs_dir=tmp_path).read_text()
+    assert "passed: rss_growth, metrics_agree, idle_after, error_rate" in record
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert results["passed"] and results["levels"][0]["summary"]["all"]["ok"] >= 20
+    assert set(results["levels"][0]["summary"]["classes"]) == {"short", "medium", "long"}
+    assert (tmp_path / "out" / "report.html").stat().st_size > 10_000  # the plots are in it
+    assert "image/png" in record  # and in the audit copy
+
+
+def test_load_test_refuses_an_unknown_workload_by_name(live_server, tmp_path):
+    with pytest.raises(PapermillExecutionError, match="no built-in workload 'nosuch'"):
+        execute("load_test", {"server_url": live_server.base_url, "workload": "nosuch"}, runs_dir=tmp_path)

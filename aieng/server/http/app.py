@@ -49,6 +49,7 @@ def create_app(runtime, *, max_body_bytes: int = 1_000_000, start_runtime: bool 
     async def live():
         return {"status": "alive"}  # the process answers; never depends on the model
 
+    @app.get("/health")  # what vLLM and TGI answer, and what load-test tools (GuideLLM) probe first
     @app.get("/health/ready")
     async def ready():
         # 503 while starting: the not_ready envelope plus the start-up phase, its detail and seconds

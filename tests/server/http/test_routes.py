@@ -14,6 +14,8 @@ def test_health_routes(client):
     assert client.get("/health/live").json() == {"status": "alive"}
     ready = client.get("/health/ready")
     assert ready.status_code == 200 and ready.json()["model"] == "demo" and ready.json()["version"] == "1"
+    health = client.get("/health")  # vLLM's and TGI's name for readiness, probed by load-test tools
+    assert health.status_code == 200 and health.json() == ready.json()
 
 
 def test_models_lists_the_served_version(client):
