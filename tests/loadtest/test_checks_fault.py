@@ -27,7 +27,7 @@ WORKLOAD = {"name": "tiny", "duration_s": 4, "warmup_s": 1, "cooldown_s": 0.5,
                         {"name": "long", "share": 0.5, "max_tokens": 6, "text": "reverse: a b c", "exact_tokens": True}]}
 
 
-def double(*, fail_every=0, leak=0, stuck=False, miscount=0, seconds_per_request=0.01):
+def double(*, fail_every=0, leak=0, stuck=False, miscount=0, seconds_per_request=0.01, busy_every=0):
     app = FastAPI()
     state = {"n": 0, "ok": 0, "errors": 0, "tokens": 0, "rss": 100 * 2**20}
     capacity = asyncio.Semaphore(2)
@@ -41,6 +41,8 @@ def double(*, fail_every=0, leak=0, stuck=False, miscount=0, seconds_per_request
         body = await request.json()
         state["n"] += 1
         state["rss"] += leak
+        if busy_every and state["n"] % busy_every == 0:  # overloaded: come back in 0.1 s
+            return JSONResponse({"error": {"message": "busy"}}, status_code=429, headers={"Retry-After": "0.1"})
         if fail_every and state["n"] % fail_every == 0:
             state["errors"] += 1
             return JSONResponse({"error": {"message": "injected"}}, status_code=500)
@@ -130,3 +132,14 @@ def test_a_sweep_finds_the_knee_of_a_server_with_known_capacity(serve, tmp_path)
     html = (tmp_path / "report.html").read_text()
     assert "Saturation:" in html and "replica" in html and html.count("data:image/png;base64,") == 4
     assert json.loads((tmp_path / "results.json").read_text())["schema"] == "aieng.loadtest/1"
+
+
+def test_429s_are_counted_or_waited_out_as_their_retry_after_says(serve, tmp_path):
+    url = serve(double(busy_every=4))  # every fourth request (retries included) is refused for 0.1 s
+    counted, _ = checks_of(url, tmp_path / "counted")
+    a = counted["levels"][0]["summary"]["all"]
+    assert a["rate_limited"] == a["failed"] > 0 and a["errors_by_status"] == {"429": a["failed"]}
+    honoured, _ = checks_of(url, tmp_path / "honoured", honour_retry_after=True)
+    b = honoured["levels"][0]["summary"]["all"]
+    assert b["failed"] == 0 and b["retried_after_429"] > 0
+    assert b["e2e_s"]["p99"] >= 0.1  # the wait counts in the latency of the request that waited
