@@ -3,8 +3,9 @@
 The first source article ends its load test with checks, not just numbers: memory did not grow,
 nothing is stuck, errors stayed under the limit. Adapted here:
 
-- ``rss_growth``: resident memory after the run against after the warm-up, per 1,000 requests
-  (the server's ``aieng_process_resident_memory_bytes``, or the process tree of ``--pid``);
+- ``rss_growth``: resident memory after the run against after the warm-up, at most 2% per 1,000
+  requests and 5% in any run (the server's ``aieng_process_resident_memory_bytes``, or the process
+  tree of ``--pid``);
 - ``metrics_agree``: the server's ``/metrics`` deltas count the same generation requests, tokens
   and 5xx errors as the client did (an aieng server only);
 - ``idle_after``: no request left running or waiting once the client is done;
@@ -26,7 +27,9 @@ from aieng.release.watch import GENERATION_ROUTES
 
 @dataclass(frozen=True)
 class CheckLimits:
-    max_rss_growth_per_1k: float = 0.02  # of the warm RSS, per 1,000 requests
+    max_rss_growth_per_1k: float = 0.02  # of the warm RSS, per 1,000 requests...
+    rss_growth_floor: float = 0.05  # ...but any run may grow this much: allocator arenas, caches and
+    # graphs compiled in the background fill in over the first requests, which is not a leak
     max_error_rate: float = 0.01
     token_tolerance: float = 0.01  # client and server token counts may differ by this share
     idle_timeout_s: float = 15.0
@@ -103,10 +106,12 @@ def _rss_growth(books: ServerBooks, requests: int, limits: CheckLimits) -> dict:
     warm, after = books.rss.get("warm") or books.rss.get("before"), books.rss.get("after")
     if not warm or not after:
         return _skipped("rss_growth", "no resident-memory reading (give --pid for a server without aieng metrics)")
-    per_1k = (after - warm) / warm / max(requests / 1000, 1.0)
-    return {"name": "rss_growth", "passed": per_1k <= limits.max_rss_growth_per_1k, "value": round(per_1k, 5),
+    growth = (after - warm) / warm
+    allowed = max(limits.rss_growth_floor, limits.max_rss_growth_per_1k * requests / 1000)
+    return {"name": "rss_growth", "passed": growth <= allowed, "value": round(growth, 5),
             "detail": f"{warm / 2**20:.0f} MiB after warm-up -> {after / 2**20:.0f} MiB after {requests} requests: "
-                      f"{per_1k:+.2%} per 1,000 requests (limit {limits.max_rss_growth_per_1k:.0%})"}
+                      f"{growth:+.2%} (allowed {allowed:.1%}: {limits.max_rss_growth_per_1k:.0%} per 1,000 requests, "
+                      f"at least {limits.rss_growth_floor:.0%})"}
 
 
 def _metrics_agree(books: ServerBooks, records: list, limits: CheckLimits) -> dict:
