@@ -141,7 +141,12 @@ async def run_load_async(base_url: str, bodies: list[dict], *, concurrency: int,
 
 def run_load(base_url: str, bodies: list[dict], *, concurrency: int, **kwargs) -> LoadResult:
     """Synchronous wrapper (the CLI, and notebooks, whose kernel already runs an event loop)."""
-    coroutine = run_load_async(base_url, bodies, concurrency=concurrency, **kwargs)
+    return run_sync(run_load_async(base_url, bodies, concurrency=concurrency, **kwargs))
+
+
+def run_sync(coroutine):
+    """Run ``coroutine`` to its end from synchronous code, on a thread of its own when this
+    thread already runs an event loop (a notebook kernel)."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import httpx
 
 from aieng.observability.scrape import Snapshot, delta, scrape
-from aieng.release.watch import GENERATION_ROUTES
+from aieng.release.watch import generation_requests
 
 
 @dataclass(frozen=True)
@@ -119,12 +119,7 @@ def _metrics_agree(books: ServerBooks, records: list, limits: CheckLimits) -> di
     if before is None or after is None:
         return _skipped("metrics_agree", "the server has no aieng /metrics")
     d = delta(before, after)
-    served = errors = 0.0
-    for (name, labels), value in d.samples.items():
-        items = dict(labels)
-        if name == "aieng_requests_total" and items.get("route") in GENERATION_ROUTES:
-            served += value
-            errors += value if items.get("code", "").startswith("5") else 0.0
+    served, errors = generation_requests(d)
     tokens = d.value("aieng_generation_tokens_total")
     answered = [r for r in records if r.status != 0]  # a request that got no response may never have arrived
     client_tokens = sum(r.completion_tokens for r in records if r.status == 200)

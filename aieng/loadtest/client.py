@@ -24,7 +24,7 @@ import aiohttp
 import aiohttp.http_exceptions
 from tqdm.auto import tqdm
 
-from aieng.bench.load import plain_content_chunk
+from aieng.bench.load import plain_content_chunk, run_sync
 from aieng.bench.peers import peer_body_extra
 from aieng.loadtest.arrivals import arrival_times
 from aieng.loadtest.workload import Workload
@@ -222,12 +222,4 @@ async def _call_at(seconds: float, fn: Callable[[], None] | None) -> None:
 def run(workload: Workload, config: RunConfig, on_warm: Callable[[], None] | None = None
         ) -> tuple[list[RequestRecord], float]:
     """Synchronous wrapper; works inside a notebook's running event loop too."""
-    coroutine = run_async(workload, config, on_warm)
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coroutine)
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(1) as pool:
-        return pool.submit(asyncio.run, coroutine).result()
+    return run_sync(run_async(workload, config, on_warm))

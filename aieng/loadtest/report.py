@@ -15,11 +15,11 @@ from pathlib import Path
 SCHEMA = "aieng.loadtest/1"
 
 
-def results(workload, url: str, server_kind: str, levels: list[dict], *, saturation: dict | None,
+def results(workload, url: str, server_kind: str, levels: list[dict], *, sweep: bool, saturation: dict | None,
             capacity: dict | None, checks: list[dict], slos: dict) -> dict:
     return {"schema": SCHEMA, "created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "url": url,
             "server_kind": server_kind, "workload": asdict(workload), "slos": slos,
-            "mode": "sweep" if len(levels) > 1 or levels and levels[0].get("sweep") else "single",
+            "mode": "sweep" if sweep else "single",
             "levels": [{k: v for k, v in level.items() if k != "records"} for level in levels],
             "saturation": saturation, "capacity": capacity, "checks": checks,
             "passed": all(c["passed"] is not False for c in checks)}

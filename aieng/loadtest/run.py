@@ -57,7 +57,7 @@ def run_loadtest(test: LoadTest, log: Callable[[str], None] = print) -> dict:
     records = [r for level in levels for r in level["records"]]
     measured = [r for level in below for r in level["records"] if r.measured]
     checks = post_run_checks(books, records, describe(measured, 1.0, test.slos), test.limits)
-    data = results(w, test.url, test.server_kind, levels, saturation=knee, capacity=plan, checks=checks,
+    data = results(w, test.url, test.server_kind, levels, sweep=test.sweep, saturation=knee, capacity=plan, checks=checks,
                    slos=test.slos)
     paths = write(test.out, data, levels)
     for level in data["levels"]:

@@ -105,9 +105,8 @@ def run_canary(store: ModelStore, name: str, version: str, url: str, *, steps: l
             return _abort(store, name, version, url, token, "quality",
                           f"quality: probe regressed: {'; '.join(dropped)}", checks, log, sleep)
     log(f"{tag} checks read {metrics.describe()} every {interval_s:g} s; their questions as PromQL:")
-    selector = getattr(metrics, "selector", "")
     for who, v in (("canary", version), ("stable", stable)):
-        for key, query in promql(v, interval_s, selector).items():
+        for key, query in promql(v, interval_s, metrics.selector).items():
             log(f"{tag}   {who} {key}: {query}")
     failed, reference = 0, None
     for percent in steps:

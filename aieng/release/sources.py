@@ -49,6 +49,7 @@ class ServerMetrics:
     """The server's merged ``/metrics`` (every worker), differenced over the interval."""
 
     url: str
+    selector = ""  # the PromQL it prints matches every series, like the scrape
 
     def describe(self) -> str:
         return f"the server's /metrics at {self.url}"

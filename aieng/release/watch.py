@@ -25,6 +25,20 @@ from aieng.store import ModelRef, ModelStore
 GENERATION_ROUTES = ("/v1/completions", "/v1/chat/completions")
 
 
+def generation_requests(snapshot: Snapshot, version: str | None = None) -> tuple[float, float]:
+    """Generation requests in ``snapshot`` (a scrape or a delta of two), and those answered with a
+    5xx; with ``version``, only that version's."""
+    requests = errors = 0.0
+    for (name, labels), value in snapshot.samples.items():
+        items = dict(labels)
+        if name != "aieng_requests_total" or items.get("route") not in GENERATION_ROUTES or (
+                version is not None and items.get("version") != version):
+            continue
+        requests += value
+        errors += value if items.get("code", "").startswith("5") else 0.0
+    return requests, errors
+
+
 def window_between(before: Snapshot, after: Snapshot, seconds: float, running: list[float],
                    *, eval_regressed: bool = False, version: str | None = None) -> Window:
     """The server's work between two scrapes, as the decision reads it; with ``version``, only the
@@ -32,14 +46,7 @@ def window_between(before: Snapshot, after: Snapshot, seconds: float, running: l
     after a swap, or what a neighbour version serves, is not judged against this one."""
     d = delta(before, after)
     only = {} if version is None else {"version": version}
-    requests = errors = 0.0
-    for (name, labels), value in d.samples.items():
-        items = dict(labels)
-        if version is not None and items.get("version") != version:
-            continue
-        if name == "aieng_requests_total" and items.get("route") in GENERATION_ROUTES:
-            requests += value
-            errors += value if items.get("code", "").startswith("5") else 0.0
+    requests, errors = generation_requests(d, version)
     finished = d.value("aieng_requests_finished_total", **only)
 
     def p99(histogram: str) -> float | None:
