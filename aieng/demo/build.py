@@ -12,12 +12,9 @@ import contextlib
 import json
 import os
 import platform
-import shutil
 import signal
-import socket
 import threading
 import time
-import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -39,7 +36,7 @@ from aieng.demo.tokenizer import (
     train_tokenizer,
 )
 from aieng.demo.train import make_batches, train
-from aieng.store.staging import occupied, staged_directory
+from aieng.store.staging import occupied, owned_name, remove_dead, staged_directory
 
 #: Bump when the corpus, tokenizer or training code changes what a given config builds: caches
 #: of built models (tests, CI) compare it and rebuild.
@@ -156,8 +153,8 @@ def staged_build(out_dir: Path) -> Iterator[Path]:
     if occupied(out_dir):
         raise _out_dir_taken(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    _remove_dead_builds(out_dir)
-    tmp_name = f"{_tmp_prefix(out_dir)}{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    remove_dead(out_dir.parent, _tmp_prefix(out_dir))
+    tmp_name = owned_name(_tmp_prefix(out_dir))
     with _sigterm_raises(), staged_directory(out_dir, tmp_name=tmp_name, exists_error=_out_dir_taken) as tmp:
         yield tmp
         _make_readable(tmp)
@@ -165,24 +162,6 @@ def staged_build(out_dir: Path) -> Iterator[Path]:
 
 def _tmp_prefix(out_dir: Path) -> str:
     return f".{out_dir.name}.building-"
-
-
-def _remove_dead_builds(out_dir: Path) -> None:
-    """Delete temporary folders of earlier builds of ``out_dir`` whose process is gone."""
-    prefix, host = _tmp_prefix(out_dir), socket.gethostname()
-    for path in out_dir.parent.glob(prefix + "*"):
-        parts = path.name[len(prefix) :].rsplit("-", 2)
-        if len(parts) != 3 or parts[0] != host or not parts[1].isdigit():
-            continue  # another host's build (shared disk), or not ours: leave it
-        pid = int(parts[1])
-        if pid == os.getpid():
-            continue
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            shutil.rmtree(path, ignore_errors=True)
-        except PermissionError:
-            pass  # alive, someone else's
 
 
 @contextlib.contextmanager

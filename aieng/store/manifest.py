@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from aieng.store.hashing import MANIFEST_NAME
+from aieng.store.staging import owned_name
 
 STATUSES = ("candidate", "stable", "retired")
 
@@ -52,12 +53,21 @@ class Manifest:
         return cls.from_dict(json.loads((version_dir / MANIFEST_NAME).read_text()))
 
     def write(self, version_dir: Path) -> None:
-        """Write atomically: a reader sees the old manifest or the new one, never half of one."""
-        write_json_atomic(version_dir / MANIFEST_NAME, self.to_dict())
+        """Write atomically: a reader sees the old manifest or the new one, never half of one.
+
+        The temporary file sits beside the version folder, not in it: a process killed between
+        the write and the rename would otherwise leave a file that ``verify`` reports as extra.
+        The store removes such leftovers once their process is gone (``MANIFEST_TMP_PREFIX``)."""
+        write_json_atomic(version_dir / MANIFEST_NAME, self.to_dict(),
+                          tmp=Path(version_dir).parent / owned_name(MANIFEST_TMP_PREFIX))
 
 
-def write_json_atomic(path: Path, data: dict) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+MANIFEST_TMP_PREFIX = ".manifest-writing-"
+
+
+def write_json_atomic(path: Path, data: dict, *, tmp: Path | None = None) -> None:
+    """Write JSON to ``tmp`` (default: a pid-named file beside ``path``), fsync, rename over ``path``."""
+    tmp = tmp or path.with_name(owned_name(f".{path.name}.tmp-"))
     with open(tmp, "w") as handle:
         json.dump(data, handle, indent=2, sort_keys=False)
         handle.write("\n")

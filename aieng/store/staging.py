@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import socket
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -91,3 +92,43 @@ def fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def owned_name(prefix: str) -> str:
+    """A temporary name that records who made it: ``<prefix><host>-<pid>-<random>``.
+
+    A process killed by SIGKILL (or a power cut) runs no cleanup; the next writer finds its
+    leftovers by prefix and removes them once it sees that pid is gone (``remove_dead``).
+    """
+    return f"{prefix}{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+def remove_dead(parent: Path, prefix: str) -> list[Path]:
+    """Delete the ``owned_name(prefix)`` files and folders in ``parent`` whose process is gone.
+
+    Only this host's names are judged (another host may share the disk and be alive); a live
+    pid, ours included, is left alone. Returns what was removed, for the log.
+    """
+    removed = []
+    host = socket.gethostname()
+    for path in Path(parent).glob(prefix + "*"):
+        parts = path.name[len(prefix):].rsplit("-", 2)
+        if len(parts) != 3 or parts[0] != host or not parts[1].isdigit():
+            continue
+        pid = int(parts[1])
+        if pid == os.getpid():
+            continue
+        try:
+            os.kill(pid, 0)
+            continue
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue  # alive, someone else's
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+        removed.append(path)
+    return removed

@@ -6,12 +6,19 @@ Every mutation either completes or leaves the store as it was:
 - ``current`` is replaced by renaming a fresh symlink over it (atomic on POSIX), so readers never
   see it missing;
 - mutations of one model take an exclusive ``flock`` on ``<name>/.lock``, so concurrent
-  promotes serialise and ``history.jsonl`` lines never interleave.
+  promotes serialise and ``history.jsonl`` lines never interleave;
+- a switch of ``current`` touches three things (the link, the manifests' ``status``, the history
+  line), so it first writes its intent (``<name>/.switch.json``); a process killed anywhere
+  after that is completed or undone by the next mutation of the model (``_recover``), and a
+  history line torn by the kill is cut off. Temporary files name their process
+  (``staging.owned_name``) and are removed once it is dead. Tested by SIGKILLing the commands
+  at random points (tests/store/test_kill_during_write.py).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import getpass
 import json
@@ -27,9 +34,9 @@ from aieng.errors import ModelNotFoundError, StoreError, VerificationError
 from aieng.hardware import dependency_versions, hardware_profile
 from aieng.store.hashing import compare_hashes, hash_tree
 from aieng.store.introspect import inspect_folder
-from aieng.store.manifest import Manifest
+from aieng.store.manifest import MANIFEST_TMP_PREFIX, Manifest, write_json_atomic
 from aieng.store.refs import ModelRef, check_name
-from aieng.store.staging import fsync_dir, staged_directory
+from aieng.store.staging import fsync_dir, owned_name, remove_dead, staged_directory
 
 
 def utc_now() -> str:
@@ -68,16 +75,58 @@ class ModelStore:
     def history_path(self, name: str) -> Path:
         return self.model_dir(name) / "history.jsonl"
 
+    def intent_path(self, name: str) -> Path:
+        return self.model_dir(name) / ".switch.json"
+
     @contextlib.contextmanager
     def _lock(self, name: str):
+        """The model's exclusive lock; whoever takes it first finishes what a killed writer left."""
         directory = self.model_dir(name)
         directory.mkdir(parents=True, exist_ok=True)
         with open(directory / ".lock", "a") as handle:
             fcntl.flock(handle, fcntl.LOCK_EX)
             try:
+                self._recover(name)
                 yield
             finally:
                 fcntl.flock(handle, fcntl.LOCK_UN)
+
+    def _recover(self, name: str) -> None:
+        """Complete or undo an interrupted switch and remove a dead writer's leftovers (under the lock)."""
+        directory = self.model_dir(name)
+        versions = directory / "versions"
+        for leftover in directory.glob(".current-*"):  # a link made but never renamed over `current`
+            leftover.unlink(missing_ok=True)
+        if versions.is_dir():
+            for doomed in versions.glob(".removing-*"):  # a remove killed mid-delete
+                shutil.rmtree(doomed, ignore_errors=True)
+            remove_dead(versions, ".registering-")
+            remove_dead(versions, MANIFEST_TMP_PREFIX)
+        self._repair_history_tail(name)
+        intent = self.intent_path(name)
+        if not intent.is_file():
+            return
+        try:
+            pending = json.loads(intent.read_text())
+        except ValueError:  # cannot be half-written (atomic rename), but never trust a crash
+            intent.unlink()
+            return
+        if self.current(name) == pending["event"]["to"]:
+            self._finish_switch(name, pending)  # the link moved: finish the bookkeeping
+        else:
+            intent.unlink()  # killed before the link moved: nothing happened
+
+    def _repair_history_tail(self, name: str) -> None:
+        """Cut a last line that a killed append left without its newline (it never completed)."""
+        path = self.history_path(name)
+        if not path.is_file() or path.stat().st_size == 0:
+            return
+        with open(path, "rb+") as handle:
+            data = handle.read()
+            if data.endswith(b"\n"):
+                return
+            handle.truncate(data.rfind(b"\n") + 1)
+            os.fsync(handle.fileno())
 
     # -- queries -------------------------------------------------------------------------------
     def names(self) -> list[str]:
@@ -123,7 +172,10 @@ class ModelStore:
         path = self.history_path(name)
         if not path.is_file():
             return []
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        text = path.read_text()
+        if not text.endswith("\n"):  # an append torn by a kill; the next mutation cuts it off
+            text = text[: text.rfind("\n") + 1]
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
 
     # -- register ------------------------------------------------------------------------------
     def register(self, source: Path | str, name: str, version: str, *, provenance: str | None = None) -> Manifest:
@@ -138,9 +190,9 @@ class ModelStore:
             return StoreError(f"{name}@{version} already exists; versions are immutable: register a new version")
 
         # replace_empty=False: an empty versions/<v> still lists as a version, and versions are immutable.
-        with staged_directory(target, tmp_name=f".tmp-{version}-{uuid.uuid4().hex[:8]}", lock=self._lock(name),
+        with staged_directory(target, tmp_name=owned_name(".registering-"), lock=self._lock(name),
                               exists_error=exists, replace_empty=False) as tmp:
-            shutil.copytree(source, tmp, symlinks=False, dirs_exist_ok=True,
+            shutil.copytree(source, tmp, symlinks=False, dirs_exist_ok=True, copy_function=self._copy_file,
                             ignore=shutil.ignore_patterns(".*", "manifest.json", "__pycache__"))
             manifest = Manifest(
                 name=name,
@@ -158,6 +210,17 @@ class ModelStore:
             )
             manifest.write(tmp)
         return manifest
+
+    def _copy_file(self, src: str, dst: str) -> str:
+        """``copy2`` that stops the copy at a full disk with a clear error (``copytree`` would
+        otherwise collect one OSError per remaining file and raise them all at the end)."""
+        try:
+            return shutil.copy2(src, dst)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            raise StoreError(f"no space left on device under {self.root} while copying {Path(src).name}; nothing "
+                             f"was registered. Free space (df -h {self.root}) and register again") from exc
 
     def _versioned_template(self, name: str, template: dict | None) -> dict | None:
         """The template entry with its ``version``: the number of a template this model shipped
@@ -220,11 +283,12 @@ class ModelStore:
         """The version ``rollback`` would switch to, without switching (dry runs, runbooks)."""
         current = self.current(name)
         if to is None:
-            stack = [v for v in self._promotion_stack(name) if v in self.versions(name)]
-            if current is None or len(stack) < 2:
+            # the latest earlier promotion of another version (promoting the current one again is no step)
+            earlier = [v for v in self._promotion_stack(name)[:-1] if v in self.versions(name) and v != current]
+            if current is None or not earlier:
                 raise StoreError(f"{name} has no previous promoted version to roll back to "
                                  f"(current: {current or 'none'}); promote a version, or name one with --to V")
-            return stack[-2]
+            return earlier[-1]
         self.resolve(ModelRef(name, to))
         if to == current:
             raise StoreError(f"{name}@{to} is already current; nothing to roll back")
@@ -245,30 +309,44 @@ class ModelStore:
                 continue  # refusals and other records do not move `current`
             target = event["to"]
             if event.get("action") == "rollback" and target in stack:
-                del stack[stack.index(target) + 1:]
+                del stack[len(stack) - stack[::-1].index(target):]  # back to its latest entry
             else:
                 stack.append(target)
         return stack
 
     def _switch(self, name: str, version: str, *, action: str, reason: str, actor: str | None,
                 gate: dict | None = None) -> dict:
+        """Intent, link, bookkeeping: a kill at any point is completed or undone by ``_recover``."""
         directory = self.model_dir(name)
         previous = self.current(name)
+        event = {"ts": utc_now(), "action": action, "from": previous, "to": version, "reason": reason,
+                 "actor": actor or default_actor(), "id": uuid.uuid4().hex[:12]}
+        if gate is not None:
+            event["gate"] = gate
+        pending = {"event": event, "retire": previous if action == "rollback" and previous not in (None, version) else None}
+        write_json_atomic(self.intent_path(name), pending)
+        fsync_dir(directory)
         tmp_link = directory / f".current-{uuid.uuid4().hex[:8]}"
         os.symlink(Path("versions") / version, tmp_link)
         os.replace(tmp_link, directory / "current")
         fsync_dir(directory)
-        self._set_fields(name, version, status="stable", **({"release_gate": gate} if gate is not None else {}))
-        if action == "rollback" and previous and previous != version:
-            self._set_fields(name, previous, status="retired")
-        event = {"ts": utc_now(), "action": action, "from": previous, "to": version, "reason": reason,
-                 "actor": actor or default_actor()}
-        if gate is not None:
-            event["gate"] = gate
-        self._append_history(name, event)
+        self._finish_switch(name, pending)
         return event
 
+    def _finish_switch(self, name: str, pending: dict) -> None:
+        """Statuses and the history line of a switch whose link has moved; safe to run twice."""
+        event = pending["event"]
+        gate = event.get("gate")
+        self._set_fields(name, event["to"], status="stable", **({"release_gate": gate} if gate is not None else {}))
+        if pending.get("retire"):
+            self._set_fields(name, pending["retire"], status="retired")
+        if not any(e.get("id") == event["id"] for e in self.history(name)[-3:]):
+            self._append_history(name, event)
+        self.intent_path(name).unlink(missing_ok=True)
+        fsync_dir(self.model_dir(name))
+
     def _append_history(self, name: str, event: dict) -> None:
+        self._repair_history_tail(name)
         with open(self.history_path(name), "a") as handle:
             handle.write(json.dumps(event) + "\n")
             handle.flush()

@@ -118,3 +118,15 @@ def test_update_manifest_only_touches_mutable_fields(three_versions):
     assert store.verify(ModelRef("tiny", "1")).ok
     with pytest.raises(StoreError, match="can change"):
         store.update_manifest(ModelRef("tiny", "1"), files={})
+
+
+def test_rollback_walks_back_through_repeated_promotions_one_step_at_a_time(three_versions):
+    store = three_versions
+    for version in ("1", "2", "1", "2", "2"):  # the last promote repeats the current version: no step
+        store.promote("tiny", version)
+    walked = []
+    for _ in range(3):
+        walked.append(store.rollback("tiny")["to"])
+    assert walked == ["1", "2", "1"]
+    with pytest.raises(StoreError, match="no previous promoted version"):
+        store.rollback("tiny")
