@@ -19,7 +19,9 @@ take the lock; ``schedule`` and ``update`` run on the engine thread.
 
 from __future__ import annotations
 
+import collections
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -82,6 +84,8 @@ class Scheduler:
         self.wake = threading.Condition()  # guards queue and cancellations; notified on new work
         self._cancelled: set[str] = set()
         self._joined: list[QueuedRequest] = []  # the joiners of the step being run, for their prefill time
+        self._finishes: collections.deque[float] = collections.deque(maxlen=65)  # recent finish times: drain rate
+        self._first_admitted: float | None = None
 
     # -- from the event loop -------------------------------------------------------------------
     def submit(self, request: GenerationRequest, sink: Callable[[TokenEvent], None], *,
@@ -96,7 +100,8 @@ class Scheduler:
             try:
                 self.queue.add(item)
             except QueueFullError as exc:
-                raise OverloadedError(f"server overloaded: {exc}; retry shortly", retry_after=1) from exc
+                wait = self.retry_after(now)
+                raise OverloadedError(f"server overloaded: {exc}; retry in {wait} s", retry_after=wait) from exc
             self.wake.notify()
         return item
 
@@ -110,6 +115,22 @@ class Scheduler:
         """Stop admitting; what is queued or running still finishes."""
         with self.wake:
             self.accepting = False
+
+    def retry_after(self, now: float) -> int:
+        """Seconds until the queue has drained at the recent completion rate (1 to 60).
+
+        The rate is the last 64 completions over the time they took (up to now), so a stalled
+        engine (no completions lately) asks clients to wait longer. Before anything has finished
+        there is no rate to go on: 1 s."""
+        finishes = list(self._finishes)
+        if not finishes or self._first_admitted is None:
+            return 1
+        if len(finishes) == self._finishes.maxlen:  # 64 completions since the oldest kept one
+            done, since = len(finishes) - 1, finishes[0]
+        else:  # every completion so far, since work began
+            done, since = len(finishes), self._first_admitted
+        rate = done / max(now - since, 1e-3)
+        return max(1, min(60, math.ceil(len(self.queue) / rate)))
 
     @property
     def num_waiting(self) -> int:
@@ -148,6 +169,8 @@ class Scheduler:
         for q in expired + late:
             log.warning("request passed its deadline", extra={"event": "request_timeout", "trace_id": q.request.trace_id,
                                                               "waited_s": round(now - q.arrival, 3)})
+        if joiners and self._first_admitted is None:
+            self._first_admitted = now
         for q in joiners:
             self.running[q.request_id] = q
             q.stats.admitted_at = now
@@ -172,6 +195,7 @@ class Scheduler:
             if event.finished:
                 q.stats.finished_at = now
                 del self.running[event.request_id]
+                self._finishes.append(now)
             deliveries.append((q, event))
         for observer in self.observers:
             if step.events:

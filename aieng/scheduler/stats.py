@@ -28,3 +28,11 @@ class RequestStats:
         if self.first_token_at is not None and self.finished_at is not None:
             fields["decode_s"] = round(self.finished_at - self.first_token_at, 4)
         return fields
+
+    def server_timing(self) -> str:
+        """The phases as a ``Server-Timing`` value (milliseconds): ``queue;dur=1.2, prefill;dur=…``.
+
+        Sent as a header on a whole response and as a closing ``: server-timing …`` comment on a
+        stream, whose headers left before the first token (``X-Process-Time`` there is only the
+        time to the headers)."""
+        return ", ".join(f"{name.removesuffix('_s')};dur={value * 1000:.1f}" for name, value in self.log_fields().items())

@@ -120,3 +120,36 @@ def test_observers_hear_admit_step_and_idle_in_that_order():
     scheduler.schedule(clock())
     scheduler.update(StepResult([token("a", 1, finished=True)], prefill_s=0.1, decode_s=0.0, decoded_rows=1), clock())
     assert heard == [("admit", "a"), ("step", 0, 1), ("idle", 1)]
+
+
+def test_retry_after_is_the_time_the_queue_takes_to_drain_at_the_recent_completion_rate():
+    scheduler, clock = make(max_batch_size=4, max_queue=8)
+    assert scheduler.retry_after(clock()) == 1  # nothing finished yet: no rate to go on
+    for i in range(4):
+        submit(scheduler, f"r{i}", tokens=1)
+    scheduler.schedule(clock())
+    clock.now = 2.0  # 4 completions in 2 s: 2 requests/s
+    scheduler.update(StepResult([token(f"r{i}", 1, finished=True) for i in range(4)], decode_s=0.1, decoded_rows=4),
+                     clock())
+    for i in range(8):
+        submit(scheduler, f"w{i}")
+    assert scheduler.retry_after(clock()) == 4  # 8 waiting at 2 per s
+    try:
+        submit(scheduler, "one-too-many")
+    except AiengError as exc:
+        assert exc.status == 429 and exc.retry_after == 4 and "retry in 4 s" in exc.message
+    else:
+        raise AssertionError("a full queue must refuse")
+    clock.now = 40.0  # nothing finished since: the engine looks stalled, the hint grows (capped at 60)
+    assert scheduler.retry_after(clock()) == 60
+
+
+def test_server_timing_names_each_phase_that_happened_in_milliseconds():
+    scheduler, clock = make()
+    a = submit(scheduler, "a")
+    assert a.stats.server_timing() == ""
+    clock.now = 0.25
+    scheduler.schedule(clock())
+    clock.now = 0.5
+    scheduler.update(StepResult([token("a", 1, finished=True)], prefill_s=0.125, decode_s=0.01, decoded_rows=1), clock())
+    assert a.stats.server_timing() == "queue;dur=250.0, prefill;dur=125.0, decode;dur=0.0"

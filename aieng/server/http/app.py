@@ -136,7 +136,8 @@ async def _respond(runtime, serving, submission, request: Request, body, *, chat
             try:
                 async for chunk in stream_chunks(bridge.events(submission), chat=chat, response_id=response_id,
                                                  created=created, model=runtime.model_name,
-                                                 include_usage=include_usage):
+                                                 include_usage=include_usage,
+                                                 timing=submission.queued.stats.server_timing):
                     yield chunk
             finally:
                 log_finished(submission, route=route, prompt=prompt, payload_sample=sample, served_by=served_by)
@@ -159,4 +160,4 @@ async def _respond(runtime, serving, submission, request: Request, body, *, chat
     else:
         reply = CompletionResponse(id=response_id, created=created, model=runtime.model_name, usage=usage,
                                    choices=[CompletionChoice(text=text, finish_reason=final.finish_reason)])
-    return JSONResponse(reply.model_dump(), headers=headers)
+    return JSONResponse(reply.model_dump(), headers={**headers, "Server-Timing": submission.queued.stats.server_timing()})

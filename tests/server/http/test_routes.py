@@ -43,6 +43,8 @@ def test_max_tokens_cut_gives_finish_reason_length(client, render):
                                                 "max_tokens": 1, "temperature": 0})
     assert resp.json()["choices"][0]["finish_reason"] == "length"
     assert resp.json()["usage"]["completion_tokens"] == 1
+    phases = [part.split(";")[0] for part in resp.headers["server-timing"].split(", ")]
+    assert phases == ["queue", "prefill", "decode"]
 
 
 def test_request_id_is_echoed_and_process_time_reported(client):
