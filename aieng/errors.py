@@ -134,6 +134,7 @@ class NotReadyError(AiengError):
     status = 503
     type = "server_error"
     request_path = True
+    other_codes = ("engine_stuck",)
 
 
 class ConfigError(AiengError):

@@ -52,6 +52,8 @@ class Settings:
     max_queue_delay_ms: float = _setting(10.0, "an idle engine waits this long to prefill a burst together")
     request_timeout_s: float = _setting(300.0, "deadline of requests without a `timeout` field (504 after it)")
     graceful_timeout_s: int = _setting(30, "after SIGTERM, in-flight requests get this long to finish")
+    step_timeout_s: float = _setting(120.0, "an engine step running longer marks the worker unready (503 `stuck`), "
+                                            "logs the step's shape and restarts the worker; 0 = no watchdog")
     drain_delay_s: float = _setting(1.0, "after SIGTERM, /health/ready is 503 this long before the listener closes")
     compile: bool = _setting(True, "torch.compile the decoder layer (other models: the whole forward) at warm-up "
                                    "(0 = eager, fast start); "

@@ -34,7 +34,7 @@ from aieng.engine.oom import out_of_memory_error
 from aieng.engine.prefill_budget import PrefillBudget
 from aieng.engine.params import GenerationResult, SamplingParams, validate_request
 from aieng.engine.request import GenerationRequest, StepResult, TokenEvent, error_event
-from aieng.engine.row import Row
+from aieng.engine.row import Row, advance_rows
 from aieng.engine.runner import Chunk
 from aieng.engine.sampling import sample_batch
 from aieng.engine.succession import donor_runner
@@ -75,7 +75,7 @@ class Engine:
         self.rows: dict[str, Row] = {}  # every admitted row: prefilling or decoding
         self.prefilling: list[Row] = []  # admitted, prompt not all in the cache yet (FIFO)
         self.prefilled: dict[str, int] = {}  # prompt tokens already in the cache, per prefilling row
-        self.counts = {"prefill_calls": 0, "decode_steps": 0, "oom_splits": 0}
+        self.counts = {"prefill_calls": 0, "decode_steps": 0}
         self.prefill_budget = PrefillBudget(config.prefill_chunk_tokens)  # adapts the chunk to the decode pace
 
     def _make_runner(self, config: EngineConfig, replacing: "Engine | None", kv_from_replaced: bool):
@@ -96,10 +96,7 @@ class Engine:
                                 kv_cache_bytes=budget, formats=formats, compile_layers=config.compile,
                                 graphs_from=donor, cache_from_replaced=kv_from_replaced)
         log.info("serving with the transformers forward: %s", why_not, extra={"event": "engine_runner"})
-        runner = HFRunner(self.model, pad_id=self.pad_id, max_rows=config.max_rows,
-                          compile=config.compile)
-        runner.on_split = self._count_split
-        return runner
+        return HFRunner(self.model, pad_id=self.pad_id, max_rows=config.max_rows, compile=config.compile)
 
     @property
     def compiled(self) -> bool:
@@ -122,7 +119,7 @@ class Engine:
     @property
     def stats(self) -> dict[str, int]:
         forward = getattr(self.runner, "forward_fn", None)
-        counts = {**self.counts, "oom_splits": self.counts["oom_splits"] + getattr(self.runner, "splits", 0)}
+        counts = {**self.counts, "oom_splits": sum(self.runner.oom_splits.values())}
         return {**counts, "rewarms": forward.rewarms if forward else 0,
                 "compile_fallbacks": forward.fallbacks if forward else int(getattr(self.runner, "compile_failed", 0))}
 
@@ -145,9 +142,11 @@ class Engine:
         decoding = self.runner.decoding_ids()
         if not chunks and not decoding:
             return StepResult(events)
+        splits = dict(self.runner.oom_splits)
         events += self._forward(chunks, decoding)
         return StepResult(events, prefill_s=self._last.prefill_s, decode_s=self._last.decode_s,
-                          decoded_rows=len(decoding))
+                          decoded_rows=len(decoding),
+                          oom_splits={k: n - splits[k] for k, n in self.runner.oom_splits.items() if n > splits[k]})
 
     def prefill(self, requests: Sequence[GenerationRequest]) -> list[TokenEvent]:
         """Admit ``requests`` and prefill until their prompts are in (no decode); their first tokens."""
@@ -284,8 +283,8 @@ class Engine:
         if sampled_rows:
             tokens = sample_batch(torch.cat(logits), [r.request.params for r in sampled_rows],
                                   [r.generator for r in sampled_rows], [r.seen for r in sampled_rows])
-            for row, token in zip(sampled_rows, tokens):
-                event = row.advance(token, eos_ids=self.eos_ids, context_length=self.context_length)
+            for row, event in zip(sampled_rows, advance_rows(sampled_rows, tokens, eos_ids=self.eos_ids,
+                                                             context_length=self.context_length)):
                 events.append(event)
                 if event.finished:
                     finished.add(row.request_id)
@@ -303,9 +302,6 @@ class Engine:
         for rid in request_ids:
             self.rows.pop(rid, None)
             self.prefilled.pop(rid, None)
-
-    def _count_split(self) -> None:
-        self.counts["oom_splits"] += 1
 
     def _fail(self, request: GenerationRequest, exc: BaseException | None) -> TokenEvent:
         log.error("out of memory even alone in the batch: %s", exc or "no free KV slot",

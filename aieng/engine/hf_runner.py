@@ -35,7 +35,7 @@ class HFRunner:
         self.batch: KVBatch | None = None  # the decoding rows' cache; row i is decoding[i]
         self.decoding: list[str] = []
         self._joined: list[tuple[str, KVBatch, int]] = []  # prefilled this step: (id, batch, row)
-        self.on_split = lambda: None
+        self.oom_splits = {"prefill": 0, "decode": 0}  # batches retried in halves after running out of memory
 
     @property
     def compiled(self) -> bool:
@@ -87,7 +87,7 @@ class HFRunner:
             assert all(c.start == 0 and c.last for c in chunks), "the transformers runner prefills whole prompts"
             pieces = bisect_on_oom(list(chunks), self._prefill_group, combine=operator.add,
                                    fail_one=lambda chunk, exc: [(chunk.request_id, None, exc)],
-                                   device=self.device, phase="prefill", on_split=self.on_split)
+                                   device=self.device, phase="prefill", on_split=self._count_split)
             logits = []
             for request_id, row_logits, exc in pieces:
                 if exc is not None:
@@ -101,6 +101,9 @@ class HFRunner:
             result.decode = self._decode(list(decode_tokens), result.failed)
             result.decode_s = time.perf_counter() - middle
         return result
+
+    def _count_split(self, phase: str) -> None:
+        self.oom_splits[phase] += 1
 
     def _prefill_group(self, chunks: Sequence[Chunk]) -> list:
         from transformers import DynamicCache
@@ -132,7 +135,7 @@ class HFRunner:
             return [(None, torch.full((1, self.model.config.vocab_size), float("nan")), [index])]
 
         parts = bisect_on_oom(range(len(ids)), attempt, combine=operator.add, fail_one=fail_one,
-                              device=self.device, phase="decode", on_split=self.on_split)
+                              device=self.device, phase="decode", on_split=self._count_split)
         if len(parts) > 1:  # split on out of memory: rebuild the batch from the halves that ran
             kept = [(b, idx) for b, _, idx in parts if b is not None]
             merged = None

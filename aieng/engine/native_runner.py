@@ -92,7 +92,7 @@ class NativeRunner:
         self.compiled_ready = compile_layers
         self.compile_failed = False
         self._compile_thread: threading.Thread | None = None
-        self.splits = 0  # forwards retried in halves after running out of memory
+        self.oom_splits = {"prefill": 0, "decode": 0}  # forwards retried in halves after running out of memory
         self.steps_by_graph: Counter[GraphShape | None] = Counter()  # forwards run per graph (None: eagerly)
 
     # -- bookkeeping the engine asks for ---------------------------------------------------------
@@ -174,7 +174,7 @@ class NativeRunner:
             if not is_out_of_memory(exc):
                 raise
             release_cached_memory(self.device)
-            self.splits += 1
+            self.oom_splits["prefill"] += 1
             if len(chunks) == 1:
                 failed[chunks[0].request_id] = exc
                 return []
@@ -189,7 +189,7 @@ class NativeRunner:
             if not is_out_of_memory(exc):
                 raise
             release_cached_memory(self.device)
-            self.splits += 1
+            self.oom_splits["decode"] += 1
             if len(tokens) == 1:
                 failed[self.cache.decoding[first]] = exc
                 return torch.full((1, self.net.lm_head.shape[0]), float("nan"))

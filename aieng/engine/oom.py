@@ -45,11 +45,11 @@ def release_cached_memory(device: torch.device) -> None:
 
 def bisect_on_oom(items: Sequence[T], attempt: Callable[[Sequence[T]], R], *, combine: Callable[[R, R], R],
                   fail_one: Callable[[T, BaseException], R], device: torch.device, phase: str,
-                  on_split: Callable[[], None] = lambda: None) -> R:
+                  on_split: Callable[[str], None] = lambda phase: None) -> R:
     """``attempt(items)``; on out-of-memory, the same on each half, ``combine``-d; one item alone: ``fail_one``.
 
     Any other exception propagates unchanged. ``phase`` ("prefill" or "decode") names the split
-    in the log line; ``on_split`` is called once per out-of-memory caught (the engine counts them).
+    in the log line; ``on_split(phase)`` is called once per out-of-memory caught (the runner counts them).
     """
     try:
         return attempt(items)
@@ -57,7 +57,7 @@ def bisect_on_oom(items: Sequence[T], attempt: Callable[[Sequence[T]], R], *, co
         if not is_out_of_memory(exc):
             raise
         release_cached_memory(device)
-        on_split()
+        on_split(phase)
         log.warning("out of memory in a %s of %d rows; splitting", phase, len(items),
                     extra={"event": "engine_oom_split", "phase": phase, "rows": len(items)})
         if len(items) == 1:

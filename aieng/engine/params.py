@@ -7,6 +7,8 @@ The engine thread never validates: a raise there would fail every row of the bat
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 
 from aieng.errors import InvalidRequestError
@@ -14,10 +16,13 @@ from aieng.errors import InvalidRequestError
 MAX_STOP_STRINGS = 4  # OpenAI's limit
 
 
+GREEDY_BELOW = 1e-5
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     max_tokens: int = 16
-    temperature: float = 1.0  # 0 means greedy
+    temperature: float = 1.0  # 0 (anything below GREEDY_BELOW) means greedy
     top_p: float = 1.0
     top_k: int = 0  # 0 means no top-k filter
     repetition_penalty: float = 1.0
@@ -25,9 +30,18 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False  # keep generating past EOS (benchmarks need a fixed token count)
 
+    @property
+    def greedy(self) -> bool:
+        """Argmax decoding. A temperature below ``GREEDY_BELOW`` counts as 0, as vLLM does: dividing
+        logits by 1e-38 overflows to inf and the draw fails on NaN probabilities."""
+        return self.temperature < GREEDY_BELOW
+
     def validate(self) -> "SamplingParams":
         if self.max_tokens < 1:
             raise InvalidRequestError(f"max_tokens must be >= 1, got {self.max_tokens}", param="max_tokens")
+        for name in ("temperature", "top_p", "repetition_penalty"):  # JSON parsers accept NaN and Infinity
+            if not math.isfinite(getattr(self, name)):
+                raise InvalidRequestError(f"{name} must be a finite number, got {getattr(self, name)}", param=name)
         if self.temperature < 0:
             raise InvalidRequestError(f"temperature must be >= 0, got {self.temperature}", param="temperature")
         if not 0 < self.top_p <= 1:

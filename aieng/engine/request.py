@@ -52,3 +52,4 @@ class StepResult:
     prefill_s: float | None = None  # None: nobody joined this step
     decode_s: float | None = None  # None: no row was decoded
     decoded_rows: int = 0  # rows in the decode step (the batch size the metrics observe)
+    oom_splits: dict[str, int] = field(default_factory=dict)  # phase -> out-of-memory splits in this step

@@ -8,14 +8,29 @@ streamed (see ``stops`` and ``detokenize``).
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 
 from aieng.engine.detokenize import IncrementalDetokenizer
-from aieng.engine.request import GenerationRequest, TokenEvent
+from aieng.engine.request import GenerationRequest, TokenEvent, error_event
+from aieng.errors import AiengError
 from aieng.engine.sampling import new_generator
 from aieng.engine.stops import StopMatcher
+
+
+log = logging.getLogger("aieng.engine")
+
+
+class RowFailedError(AiengError):
+    """One request's sampling or detokenization raised: that request ends, its batch-mates go on."""
+
+    code = "row_failed"
+    status = 500
+    type = "server_error"
+    request_path = True
 
 
 @dataclass
@@ -68,3 +83,25 @@ class Row:
                           finish_cause=cause, prompt_tokens=len(self.request.prompt_ids),
                           completion_tokens=len(self.generated),
                           token_ids=tuple(self.generated) if finish is not None else ())
+
+
+def advance_rows(rows: Sequence[Row], tokens: Sequence[int | Exception], *, eos_ids: set[int],
+                 context_length: int) -> list[TokenEvent]:
+    """Each row's event for its sampled token (``sampling.sample_batch``). A row whose sampling
+    raised (the exception stands in for its token) or whose detokenization or stop matching
+    raises ends alone with ``RowFailedError``, logged with its trace id; the others carry on."""
+    events = []
+    for row, token in zip(rows, tokens):
+        stage = "sampling" if isinstance(token, Exception) else "detokenization"
+        try:
+            if isinstance(token, Exception):
+                raise token
+            events.append(row.advance(token, eos_ids=eos_ids, context_length=context_length))
+        except Exception as exc:  # noqa: BLE001 - confined to this row
+            log.error("%s failed for one request; failing it alone: %r", stage, exc, exc_info=exc,
+                      extra={"event": "engine_row_failed", "stage": stage, "trace_id": row.request.trace_id})
+            error = RowFailedError(f"internal error in the {stage} of this request (trace id "
+                                   f"{row.request.trace_id}); other requests were not affected. Retry it, and "
+                                   "report the trace id if it happens again")
+            events.append(error_event(row.request_id, error, prompt_tokens=len(row.request.prompt_ids)))
+    return events

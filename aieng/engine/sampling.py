@@ -49,7 +49,7 @@ def sample_row(logits: torch.Tensor, params: SamplingParams, generator: torch.Ge
     """One token for one row. ``logits`` [V] float32."""
     if params.repetition_penalty != 1.0 and seen is not None and seen.numel():
         logits = apply_repetition_penalty(logits, seen, params.repetition_penalty)
-    if params.temperature == 0:
+    if params.greedy:
         return int(logits.argmax())
     logits = filter_top_k_top_p(logits / params.temperature, params.top_k, params.top_p)
     probs = logits.softmax(-1)
@@ -57,12 +57,20 @@ def sample_row(logits: torch.Tensor, params: SamplingParams, generator: torch.Ge
 
 
 def sample_batch(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator],
-                 seen: list[torch.Tensor | None]) -> list[int]:
-    """Tokens for a batch. ``logits`` [B, V]. Greedy rows without penalties share one argmax."""
+                 seen: list[torch.Tensor | None]) -> list[int | Exception]:
+    """Tokens for a batch. ``logits`` [B, V]. Greedy rows without penalties share one argmax.
+
+    A row whose own sampling raises gets the exception in its place instead of a token, so that
+    row fails alone (``row.advance_rows``) and its batch-mates carry on."""
     logits = logits.float()
-    plain_greedy = [p.temperature == 0 and p.repetition_penalty == 1.0 for p in params]
-    if all(plain_greedy):
-        return logits.argmax(-1).tolist()
+    plain_greedy = [p.greedy and p.repetition_penalty == 1.0 for p in params]
     argmax = logits.argmax(-1).tolist()
-    return [argmax[i] if plain_greedy[i] else sample_row(logits[i], params[i], generators[i], seen[i])
-            for i in range(len(params))]
+    if all(plain_greedy):
+        return argmax
+    tokens: list[int | Exception] = []
+    for i, plain in enumerate(plain_greedy):
+        try:
+            tokens.append(argmax[i] if plain else sample_row(logits[i], params[i], generators[i], seen[i]))
+        except Exception as exc:  # noqa: BLE001 - this row's failure, reported on this row
+            tokens.append(exc)
+    return tokens

@@ -82,6 +82,8 @@ EOS_EARLY = Counter("aieng_eos_early_total",
                     "Generations that hit EOS within their first 10 tokens while max_tokens allowed more.", ["version"])
 
 # -- capacity and resources -----------------------------------------------------------------------
+OOM = Counter("aieng_oom_total", "Engine forwards that ran out of memory and were retried in halves, by phase.",
+              ["phase"])
 QUEUE_CAPACITY = Gauge("aieng_queue_capacity", "max_queue of a worker.", multiprocess_mode="livesum")
 TOKENS_PER_SECOND_BASELINE = Gauge("aieng_tokens_per_second_baseline",
                                    "Decode tokens/s from the manifest's performance_baseline (0 if none).",
@@ -163,6 +165,8 @@ def zero_series(version: str, error_codes) -> None:
     first request on (a counter that appears at 1 has no increase to show)."""
     for code in error_codes:
         REQUEST_ERRORS.labels(code=code, version=version)
+    for phase in ("prefill", "decode"):
+        OOM.labels(phase=phase)
     EOS_EARLY.labels(version=version)
     GENERATION_TOKENS.labels(version=version)
     PROMPT_TOKENS.labels(version=version)

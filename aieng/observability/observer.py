@@ -69,6 +69,8 @@ class MetricsObserver(StepObserver):
         if step.decode_s is not None:
             m.DECODE_STEP_SECONDS.observe(step.decode_s)
             m.BATCH_SIZE.observe(step.decoded_rows)
+        for phase, splits in step.oom_splits.items():
+            m.OOM.labels(phase=phase).inc(splits)
         m.REQUESTS_RUNNING.set(running)
         m.REQUESTS_WAITING.set(waiting)
         wall = time.monotonic()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 
@@ -37,6 +38,8 @@ class EngineLoop:
         self._stopping = False
         self._calls: list[tuple[Callable, Future]] = []  # run on this thread between two steps
         self._closed = False  # the thread has taken its last calls
+        self.step_started: float | None = None  # time.monotonic() when the running step began (the watchdog's)
+        self._plan = None  # the running step's plan, for step_shape()
 
     @property
     def history(self):
@@ -45,7 +48,7 @@ class EngineLoop:
     def run_once(self) -> StepResult:
         """One iteration (public so tests drive the loop step by step with a fake engine)."""
         clock = self.scheduler.clock
-        plan = self.scheduler.schedule(clock())
+        plan = self._plan = self.scheduler.schedule(clock())
         step = self.engine.step(plan.requests, plan.leaving) if plan.runs_engine else StepResult()
         self._deliver(plan.failed + self.scheduler.update(step, clock()))
         return step
@@ -63,6 +66,15 @@ class EngineLoop:
         if not queued:
             _settle(future, fn)
         return future
+
+    def step_shape(self) -> dict:
+        """What the running step is doing, for the log line of a step that does not end."""
+        plan = self._plan
+        joiners = plan.requests if plan is not None else []
+        return {"running_rows": len(self.scheduler.running), "joining_rows": len(joiners),
+                "joining_prompt_tokens": sum(len(r.prompt_ids) for r in joiners),
+                "leaving_rows": len(plan.leaving) if plan is not None else 0,
+                "waiting": self.scheduler.num_waiting}
 
     @property
     def alive(self) -> bool:
@@ -94,6 +106,7 @@ class EngineLoop:
             if self._closed:
                 return
             try:
+                self.step_started = time.monotonic()
                 self.run_once()
             except Exception:  # a bug must not kill the thread: fail what was in flight, keep serving
                 log.exception("engine step failed; failing the requests in flight")
@@ -101,6 +114,8 @@ class EngineLoop:
                     AiengError("internal error in the generation engine; the server log has it"))
                 self.engine.remove(leaving)
                 self._deliver(deliveries)
+            finally:
+                self.step_started = None
 
     def _deliver(self, deliveries: list[Delivery]) -> None:
         for q, event in deliveries:

@@ -94,3 +94,29 @@ def test_decode_oom_splits_the_running_batch(demo, render, config):
         events += engine.decode()
     finished = {e.request_id: e.token_ids for e in events if e.finished}
     assert [finished[str(i)] for i in range(3)] == expected
+
+
+def test_each_step_reports_its_out_of_memory_splits_by_phase_and_the_metric_counts_them(demo, render, config):
+    from aieng.observability import metrics
+    from aieng.observability.observer import MetricsObserver
+
+    model, tokenizer = demo
+    engine = Engine(model, tokenizer, config=config)
+    params = SamplingParams(max_tokens=8, temperature=0)
+    requests = [GenerationRequest(str(i), engine.encode(render(p)), params)
+                for i, p in enumerate(["reverse: egg fish gold", "add: 12+30", "sort: tree king"])]
+    limit_batch(engine, 1)
+    steps = [engine.step(requests)]
+    while engine.num_running:
+        steps.append(engine.step())
+    assert steps[0].oom_splits.get("prefill", 0) > 0
+    assert any(step.oom_splits.get("decode", 0) > 0 for step in steps[1:])
+    assert sum(sum(step.oom_splits.values()) for step in steps) == engine.stats["oom_splits"]
+
+    before = {phase: metrics.OOM.labels(phase=phase)._value.get() for phase in ("prefill", "decode")}
+    observer = MetricsObserver(resource_every_s=1e9)
+    for step in steps:
+        observer.on_step(step, running=0, waiting=0, now=0.0)
+    for phase in ("prefill", "decode"):
+        counted = metrics.OOM.labels(phase=phase)._value.get() - before[phase]
+        assert counted == sum(step.oom_splits.get(phase, 0) for step in steps)

@@ -17,6 +17,9 @@ EAGER = EngineConfig(compile=False)  # the compiled path has its own tests (test
     (SamplingParams(max_tokens=0), "max_tokens", "max_tokens must be >= 1"),
     (SamplingParams(stop=("a", "b", "c", "d", "e")), "stop", "at most 4 stop strings"),
     (SamplingParams(repetition_penalty=0), "repetition_penalty", "repetition_penalty must be > 0"),
+    (SamplingParams(temperature=float("nan")), "temperature", "temperature must be a finite number"),
+    (SamplingParams(temperature=float("inf")), "temperature", "temperature must be a finite number"),
+    (SamplingParams(repetition_penalty=float("nan")), "repetition_penalty", "must be a finite number"),
 ])
 def test_each_invalid_parameter_has_one_precise_message(params, param, fragment):
     with pytest.raises(InvalidRequestError) as info:

@@ -36,6 +36,7 @@ from aieng.server.process.hot_swap import HotSwapper
 from aieng.server.process.serving import Serving, step_delay
 from aieng.server.process.compile_cache import compile_cache_counts, compile_cache_delta
 from aieng.server.process.startup import FAILED, PhasedStore, StartupProgress
+from aieng.server.process.step_watchdog import StepWatchdog
 from aieng.settings import Settings
 from aieng.store import parse_ref
 
@@ -81,6 +82,9 @@ class Runtime:
         self.inputs = None  # aieng.server.http.inputs.RequestBuilder of the serving version
         self.ready = False
         self.draining = False
+        self.stuck: str | None = None  # why, once the step watchdog found the engine thread wedged
+        self.on_stuck = None  # () -> None: how this process ends itself once stuck (the gunicorn worker sets it)
+        self.watchdog: StepWatchdog | None = None
         self.started_at = time.time()
         self.warmup_seconds: float | None = None
         self.model_name = self.ref.name
@@ -200,6 +204,9 @@ class Runtime:
         self.ready = True
         self.progress.finish(warmup_s=round(self.warmup_seconds, 2))
         self.swapper.watch()
+        if self.settings.step_timeout_s > 0:
+            self.watchdog = StepWatchdog(self, self.settings.step_timeout_s, on_stuck=self.on_stuck,
+                                         exit_after_s=self.config.drain_delay_s + 1.0).start()
         if self.engine.compile_status == "compiling":  # past its compile budget: serving eagerly meanwhile
             self.progress.begin("compile", "in the background; serving eagerly until the graphs are ready")
             threading.Thread(target=self._watch_compile, name="aieng-compile-watch", daemon=True).start()
@@ -221,6 +228,8 @@ class Runtime:
         return seconds
 
     def require_ready(self) -> None:
+        if self.stuck:
+            raise NotReadyError(self.stuck, code="engine_stuck")
         if self.draining:
             raise NotReadyError("the server is draining; retry on another instance")
         if not self.ready and self.progress.phase == FAILED:
@@ -230,11 +239,13 @@ class Runtime:
 
     def readiness(self) -> tuple[int, dict]:
         """/health/ready's status code and body: 503 with the error envelope, ``status``
-        (``starting``, ``failed``, ``draining``) and, while starting, the phase, its detail and
+        (``starting``, ``failed``, ``draining``, ``stuck``) and, while starting, the phase, its detail and
         seconds in it; 200 with the model, plus the phase when the engine runs one while serving."""
         try:
             self.require_ready()
         except NotReadyError as exc:
+            if self.stuck:
+                return 503, {**exc.envelope(), "status": "stuck"}
             if self.draining:
                 return 503, {**exc.envelope(), "status": "draining"}
             snapshot = self.progress.snapshot()
@@ -272,6 +283,8 @@ class Runtime:
 
     def stop(self) -> None:
         self.swapper.stop()
+        if self.watchdog is not None:
+            self.watchdog.stop()
         if self.engine_loop is not None:
             self.engine_loop.stop()
         if self.canary is not None:

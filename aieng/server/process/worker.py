@@ -9,6 +9,8 @@ balancers polling ``/health/ready`` time to stop sending traffic.
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import sys
 
 from gunicorn.arbiter import Arbiter
@@ -41,6 +43,8 @@ class AiengUvicornWorker(UvicornWorker):
     async def _serve(self) -> None:
         self.config.app = self.wsgi
         runtime = getattr(getattr(self.wsgi, "state", None), "runtime", None)
+        if runtime is not None:  # a wedged engine (step_watchdog.py) ends this worker the usual way: drain, exit
+            runtime.on_stuck = lambda: os.kill(os.getpid(), signal.SIGTERM)
         server = DrainingServer(self.config, runtime)
         self._install_sigquit_handler()
         await server.serve(sockets=self.sockets)
