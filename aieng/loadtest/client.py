@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 from aieng.bench.load import plain_content_chunk, run_sync
 from aieng.bench.peers import peer_body_extra
 from aieng.loadtest.arrivals import arrival_times
-from aieng.loadtest.workload import Workload
+from aieng.loadtest.workload import RequestClass, Workload
 
 
 @dataclass
@@ -45,10 +45,36 @@ class RequestRecord:
     retry_after_s: float | None = None  # a 429's Retry-After
     retries: int = 0  # 429s retried after their Retry-After (honour_retry_after)
     measured: bool = True  # started inside the window (not warm-up or cool-down)
+    intent: str = "complete"  # what its class meant it to end in (RequestClass.intent)
+    error_code: str | None = None  # the error envelope's `code`, when the server sent one
+    cancelled: bool = False  # the client hung up on purpose (cancel_after)
+    max_tokens: int = 0  # what it asked for: the most a hung-up request may have cost the server
 
     @property
     def ok(self) -> bool:
-        return self.status == 200 and self.error is None
+        """A complete reply: what latency percentiles and token counts are made of."""
+        return self.status == 200 and self.error is None and not self.cancelled
+
+    @property
+    def outcome(self) -> str:
+        """ok | cancelled | timeout (504, or the deadline passed mid-stream) | rejected (4xx) | failed."""
+        if self.cancelled and self.error is None:
+            return "cancelled"
+        if self.ok:
+            return "ok"
+        if self.status == 504 or self.error_code == "timeout":
+            return "timeout"
+        if 400 <= self.status < 500 and self.status != 429:
+            return "rejected"
+        return "failed"
+
+    @property
+    def expected(self) -> bool:
+        """Ended as its class asked: a complete reply, or the cancel, deadline or 400 it was sent to get.
+        A deadline may also be met (the reply was fast enough)."""
+        wanted = {"complete": ("ok",), "cancel": ("cancelled",), "deadline": ("timeout", "ok"),
+                  "invalid": ("rejected",)}[self.intent]
+        return self.outcome in wanted and (self.intent != "invalid" or self.status == 400)
 
     @property
     def ttft_s(self) -> float | None:
@@ -92,22 +118,35 @@ class Requests:
         self.extra = {c.name: (peer_body_extra(server_kind, c.max_tokens, None)
                                if c.exact_tokens and server_kind != "openai" else {}) for c in workload.classes}
 
-    def next(self) -> tuple[str, dict]:
+    def next(self) -> tuple[RequestClass, dict]:
         w = self.workload
         cls = self.rng.choices(w.classes, weights=[c.share for c in w.classes])[0]
         prompt = self.prompts[cls.name][self.count % len(self.prompts[cls.name])]
         self.count += 1
-        body = {"model": w.model, "max_tokens": cls.max_tokens, "stream": True,
-                "stream_options": {"include_usage": True}, **w.extra_body, **self.extra[cls.name]}
+        body = {"model": w.model, "max_tokens": cls.max_tokens, "stream": cls.stream, **w.extra_body,
+                **self.extra[cls.name]}
+        if cls.stream:
+            body["stream_options"] = {"include_usage": True}
+        if cls.deadline_s:
+            body["timeout"] = cls.deadline_s  # aieng's per-request deadline
+        if cls.invalid:
+            body["temperature"] = -1.0
         if w.route == "/v1/chat/completions":
             body["messages"] = [{"role": "user", "content": prompt}]
         else:
             body["prompt"] = prompt
-        return cls.name, body
+        return cls, body
+
+
+def _error_code(text: str) -> str | None:
+    try:
+        return json.loads(text)["error"]["code"]
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 async def _send(session: aiohttp.ClientSession, url: str, body: dict, record: RequestRecord, t0: float,
-                honour_retry_after: bool, timeout_s: float) -> None:
+                honour_retry_after: bool, timeout_s: float, cancel_after: int = 0) -> None:
     now = lambda: time.perf_counter() - t0  # noqa: E731
     record.sent = now()
     try:
@@ -121,14 +160,27 @@ async def _send(session: aiohttp.ClientSession, url: str, body: dict, record: Re
                         await asyncio.sleep(record.retry_after_s or 1.0)
                         continue
                 if resp.status != 200:
-                    record.status, record.error, record.end = resp.status, (await resp.text())[:300], now()
+                    text = await resp.text()
+                    record.status, record.error, record.end = resp.status, text[:300], now()
+                    record.error_code = _error_code(text)
                     return
                 record.status = 200
+                if not body.get("stream"):
+                    reply = await resp.json()
+                    record.end = record.first_token = now()
+                    usage = reply.get("usage") or {}
+                    record.prompt_tokens = usage.get("prompt_tokens")
+                    record.completion_tokens = usage.get("completion_tokens", 0)
+                    return
                 last = None
                 async for raw in resp.content:
                     line = raw.decode("utf-8").rstrip("\r\n")
                     if not line.startswith("data: ") or line == "data: [DONE]":
                         continue
+                    if cancel_after and record.completion_tokens >= cancel_after:
+                        record.cancelled = True  # hang up mid-stream: the server must drop the row
+                        resp.close()
+                        break
                     if last is not None and plain_content_chunk(line):
                         t = now()
                         record.gaps.append(t - last)
@@ -138,6 +190,7 @@ async def _send(session: aiohttp.ClientSession, url: str, body: dict, record: Re
                     chunk = json.loads(line[6:])
                     if "error" in chunk:
                         record.error = str(chunk["error"].get("message", chunk["error"]))[:300]
+                        record.error_code = chunk["error"].get("code")
                         break
                     if usage := chunk.get("usage"):
                         record.prompt_tokens = usage.get("prompt_tokens")
@@ -183,10 +236,11 @@ async def run_async(workload: Workload, config: RunConfig,
 
         async def one(scheduled: float) -> None:
             cls, body = requests.next()
-            record = RequestRecord(cls, scheduled, measured=window[0] <= scheduled < window[1])
+            record = RequestRecord(cls.name, scheduled, measured=window[0] <= scheduled < window[1], intent=cls.intent,
+                                   max_tokens=cls.max_tokens)
             records.append(record)
-            await _send(session, url, body, record, t0, config.honour_retry_after, w.timeout_s)
-            counts["ok" if record.ok else "failed"] += 1
+            await _send(session, url, body, record, t0, config.honour_retry_after, w.timeout_s, cls.cancel_after)
+            counts["ok" if record.expected else "failed"] += 1
             bar.update(1)
             bar.set_postfix(counts, refresh=False)
 

@@ -42,6 +42,7 @@ def run_loadtest(test: LoadTest, log: Callable[[str], None] = print) -> dict:
     config = RunConfig(url=test.url, server_kind=test.server_kind, honour_retry_after=test.honour_retry_after,
                        progress=test.progress)
     w = test.workload
+    stop_sampling = books.sample_during()
     if test.sweep:
         log(f"[loadtest] sweeping {w.name} against {test.url}: {w.sweep.duration_s:g} s per level until saturation")
         levels = run_sweep(w, config, test.slos, on_warm=lambda: books.look("warm"), log=log)
@@ -54,11 +55,13 @@ def run_loadtest(test: LoadTest, log: Callable[[str], None] = print) -> dict:
             if a.process == "closed" else f"{a.process} arrivals at {a.rate:g} req/s") + f" for {w.duration_s:g} s")
         levels = [run_level(w, config, test.slos, on_warm=lambda: books.look("warm"))]
         knee, plan, below = None, None, levels
+    stop_sampling()
     records = [r for level in levels for r in level["records"]]
     measured = [r for level in below for r in level["records"] if r.measured]
     checks = post_run_checks(books, records, describe(measured, 1.0, test.slos), test.limits)
     data = results(w, test.url, test.server_kind, levels, sweep=test.sweep, saturation=knee, capacity=plan, checks=checks,
                    slos=test.slos)
+    data["rss_samples"] = books.rss_samples
     paths = write(test.out, data, levels)
     for level in data["levels"]:
         a = level["summary"]["all"]

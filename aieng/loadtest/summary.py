@@ -81,6 +81,9 @@ def describe(records: list[RequestRecord], window_s: float, slos: dict[str, floa
              finished: list[RequestRecord] | None = None) -> dict:
     """One group of measured requests (a class, or all): counts, percentiles, and rates.
 
+    ``failed`` counts requests that did not end as their class meant (a soak's cancels, expired
+    deadlines and 400s are not failures); ``outcomes`` counts each ending.
+
     ``records`` were scheduled in the window (their percentiles, errors and offered rate);
     ``finished`` are the requests that *ended* in it, whenever they were scheduled: throughput,
     goodput and tokens/s count those. At steady state the two rates agree; past saturation the
@@ -88,9 +91,10 @@ def describe(records: list[RequestRecord], window_s: float, slos: dict[str, floa
     ok = [r for r in records if r.ok]
     done = [r for r in (records if finished is None else finished) if r.ok]
     met = [r for r in done if meets(r, slos)]
-    statuses = Counter(str(r.status) for r in records if not r.ok)
+    statuses = Counter(str(r.status) for r in records if not r.ok and not r.cancelled)
     return {
-        "requests": len(records), "ok": len(ok), "failed": len(records) - len(ok),
+        "requests": len(records), "ok": len(ok), "failed": sum(not r.expected for r in records),
+        "outcomes": dict(sorted(Counter(r.outcome for r in records).items())),
         "errors_by_status": dict(sorted(statuses.items())),
         "rate_limited": sum(r.status == 429 for r in records), "retried_after_429": sum(r.retries for r in records),
         "offered_rps": round(len(records) / window_s, 4), "throughput_rps": round(len(done) / window_s, 4),

@@ -43,6 +43,16 @@ class RequestClass:
     task: str = "reverse"
     text: str = ""  # or: this text, always
     exact_tokens: bool = False  # every reply exactly max_tokens long (EOS ignored)
+    stream: bool = True  # False: one JSON reply (its first token is its end)
+    # what a soak mixes in besides complete replies (an outcome the class asks for is not a failure):
+    cancel_after: int = 0  # > 0: the client hangs up after this many streamed tokens ("cancelled")
+    deadline_s: float = 0.0  # > 0: sent as aieng's `timeout` field; a 504 (or a timeout mid-stream) is expected
+    invalid: bool = False  # send an out-of-range temperature; the 400 is expected
+
+    @property
+    def intent(self) -> str:
+        """What this class's requests are meant to end in: complete | cancel | deadline | invalid."""
+        return "invalid" if self.invalid else "cancel" if self.cancel_after else "deadline" if self.deadline_s else "complete"
 
     def prompts(self, n: int, seed: int) -> list[str]:
         rng = random.Random(f"loadtest:{seed}:{self.name}")
@@ -145,7 +155,8 @@ def _request_class(data: object, index: int) -> RequestClass:
     where = f"classes[{index}]"
     if not isinstance(data, dict):
         raise WorkloadError(f"{where} must be a mapping with name, share, max_tokens and a prompt")
-    _no_unknown(data, {"name", "share", "max_tokens", "family", "words", "task", "text", "exact_tokens"}, where)
+    _no_unknown(data, {"name", "share", "max_tokens", "family", "words", "task", "text", "exact_tokens", "stream",
+                       "cancel_after", "deadline_s", "invalid"}, where)
     for required in ("name", "share", "max_tokens"):
         if required not in data:
             raise WorkloadError(f"{where} needs `{required}`")
@@ -163,10 +174,19 @@ def _request_class(data: object, index: int) -> RequestClass:
     share = _number(data, "share", float, minimum=0, where=where)
     if share > 1:
         raise WorkloadError(f"{where}.share is a fraction of the traffic between 0 and 1, got {share}")
-    return RequestClass(name=str(data["name"]), share=share,
-                        max_tokens=_number(data, "max_tokens", int, minimum=1, where=where), family=family,
-                        words=_number(data, "words", int, minimum=0, where=where) if "words" in data else 0,
-                        task=task, text=str(data.get("text", "")), exact_tokens=bool(data.get("exact_tokens", False)))
+    optional = {"cancel_after": (int, 0), "deadline_s": (float, 0.0)}
+    klass = RequestClass(
+        name=str(data["name"]), share=share, max_tokens=_number(data, "max_tokens", int, minimum=1, where=where),
+        family=family, words=_number(data, "words", int, minimum=0, where=where) if "words" in data else 0,
+        task=task, text=str(data.get("text", "")), exact_tokens=bool(data.get("exact_tokens", False)),
+        stream=bool(data.get("stream", True)), invalid=bool(data.get("invalid", False)),
+        **{k: _number(data, k, kind, minimum=0, where=where) if k in data else default
+           for k, (kind, default) in optional.items()})
+    if klass.cancel_after and not klass.stream:
+        raise WorkloadError(f"{where}: cancel_after hangs up a stream mid-way; it needs stream: true")
+    if sum(bool(x) for x in (klass.cancel_after, klass.deadline_s, klass.invalid)) > 1:
+        raise WorkloadError(f"{where}: use one of cancel_after, deadline_s and invalid per class")
+    return klass
 
 
 def _arrival(data: object) -> Arrival:
