@@ -136,8 +136,7 @@ async def _respond(runtime, serving, submission, request: Request, body, *, chat
             try:
                 async for chunk in stream_chunks(bridge.events(submission), chat=chat, response_id=response_id,
                                                  created=created, model=runtime.model_name,
-                                                 include_usage=include_usage,
-                                                 timing=submission.queued.stats.server_timing):
+                                                 include_usage=include_usage):
                     yield chunk
             finally:
                 log_finished(submission, route=route, prompt=prompt, payload_sample=sample, served_by=served_by)

@@ -13,6 +13,11 @@ from aieng.observability import tracing
 class RequestContextMiddleware:
     """Trace context in, ``X-Request-ID`` / ``X-Trace-ID`` / ``X-Process-Time`` out, requests counted.
 
+    ``X-Process-Time`` is the time to the response headers: all of the work for a whole reply,
+    only the part before the first token for a stream. A whole generation reply sets its own
+    ``Server-Timing`` (queue, prefill, decode); every other response, streams included, gets
+    ``Server-Timing: headers;dur=…`` saying which of the two it is.
+
     Pure ASGI rather than ``BaseHTTPMiddleware`` so streaming responses are not buffered; the
     duration therefore covers the whole stream.
     """
@@ -39,10 +44,14 @@ class RequestContextMiddleware:
         async def send_with_headers(message):
             if message["type"] == "http.response.start":
                 status_holder["code"] = message["status"]
+                elapsed = time.perf_counter() - start
                 extra = [(b"x-request-id", context.request_id.encode("latin-1")),
                          (b"x-trace-id", context.trace_id.encode("latin-1")),
-                         (b"x-process-time", f"{time.perf_counter() - start:.6f}".encode())]
+                         (b"x-process-time", f"{elapsed:.6f}".encode())]
                 headers = list(message.get("headers", []))
+                if not any(name.lower() == b"server-timing" for name, _ in headers):  # a stream: only this is known
+                    extra.append((b"server-timing", f'headers;dur={elapsed * 1000:.1f};desc="time to the response '
+                                                    f'headers; a stream\'s tokens follow"'.encode()))
                 version = self.model_version() if self.model_version else None
                 named = [value for name, value in headers if name.lower() == b"x-model-version"]
                 if named:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 from aieng.observability import metrics
 from aieng.engine import TokenEvent
@@ -14,12 +14,8 @@ def sse(data: dict | str) -> str:
 
 
 async def stream_chunks(events: AsyncIterator[TokenEvent], *, chat: bool, response_id: str, created: int,
-                        model: str, include_usage: bool, timing: Callable[[], str] | None = None) -> AsyncIterator[str]:
-    """Turn engine events into OpenAI chunks. Errors mid-stream become an ``error`` chunk.
-
-    ``timing`` gives the request's ``Server-Timing`` value, sent before ``[DONE]`` as an SSE
-    comment (``: server-timing queue;dur=…``), which clients skip: the headers left before the
-    first token, so the stream's phases can only be told at its end."""
+                        model: str, include_usage: bool) -> AsyncIterator[str]:
+    """Turn engine events into OpenAI chunks. Errors mid-stream become an ``error`` chunk."""
     kind = "chat.completion.chunk" if chat else "text_completion"
     base = {"id": response_id, "object": kind, "created": created, "model": model}
     last: TokenEvent | None = None
@@ -45,6 +41,4 @@ async def stream_chunks(events: AsyncIterator[TokenEvent], *, chat: bool, respon
         usage = {"prompt_tokens": last.prompt_tokens, "completion_tokens": last.completion_tokens,
                  "total_tokens": last.prompt_tokens + last.completion_tokens}
         yield sse({**base, "choices": [], "usage": usage})
-    if timing is not None and (value := timing()):
-        yield f": server-timing {value}\n\n"
     yield sse("[DONE]")

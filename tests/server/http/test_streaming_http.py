@@ -31,13 +31,9 @@ def test_sse_chunks_end_with_done(server, render):
     with httpx.stream("POST", f"{server.base_url}/v1/completions", json=body, timeout=30) as resp:
         assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/event-stream")
         lines = [line for line in resp.iter_lines() if line]
+        timing = resp.headers["server-timing"]
+    assert timing.startswith("headers;dur=") and "a stream's tokens follow" in timing  # says what it measured
     assert lines[-1] == "data: [DONE]"
-    # the phases come last, as an SSE comment that clients skip: the headers left before the first token
-    assert lines[-2].startswith(": server-timing queue;dur=") and "prefill;dur=" in lines[-2] and "decode;dur=" in lines[-2]
-    phases = {part.split(";dur=")[0].strip(): float(part.split(";dur=")[1]) / 1000
-              for part in lines[-2].removeprefix(": server-timing ").split(",")}
-    assert list(phases) == ["queue", "prefill", "decode"] and all(v >= 0 for v in phases.values())
-    lines = lines[:-2] + lines[-1:]
     assert all(line.startswith("data: ") for line in lines)
     chunks = [json.loads(line[6:]) for line in lines[:-1]]
     assert "".join(c["choices"][0]["text"] for c in chunks) == "river stone apple"
@@ -71,7 +67,8 @@ def test_non_streaming_client_disconnect_removes_the_row(server, render):
     body = _long_body(render, False)
     before = decode_steps(server.base_url)
     with pytest.raises(httpx.ReadTimeout):
-        httpx.post(f"{server.base_url}/v1/completions", json=body, timeout=0.3)
+        httpx.post(f"{server.base_url}/v1/completions", json=body, timeout=0.1)
     wait_until_engine_idle(server.base_url)
-    assert decode_steps(server.base_url) - before < 400  # well short of the 480 it would have run
+    # well short of the 480 it would have run (an idle machine decodes the demo at ~1 ms a step)
+    assert decode_steps(server.base_url) - before < 300
     assert _finished_lines(server)[-1]["outcome"] == "client_disconnected"
