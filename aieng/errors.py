@@ -127,6 +127,24 @@ class ModelLoadError(AiengError):
     status = 500
 
 
+class SlowClientError(AiengError):
+    """The client took too long to send its request (headers or body): 408, connection closed."""
+
+    code = "request_timeout"
+    status = 408
+    type = "invalid_request_error"
+    request_path = True
+
+
+class ConnectionLimitError(AiengError):
+    """A worker is at ``AIENG_MAX_CONNECTIONS``: 503 before the request is read."""
+
+    code = "too_many_connections"
+    status = 503
+    type = "server_error"
+    request_path = True
+
+
 class NotReadyError(AiengError):
     """The server is loading, warming up or draining."""
 

@@ -49,6 +49,13 @@ class Settings:
     native: bool = _setting(True, "the native forward for Llama-family models (static KV cache, chunked prefill, "
                                   "a compiled decoder layer); 0 = transformers' forward for every model")
     max_queue: int = _setting(256, "waiting requests before 429 with Retry-After")
+    max_connections: int = _setting(1000, "concurrent connections (or requests) per worker; beyond it a 503 "
+                                          "before the request is read; 0 = no cap")
+    header_timeout_s: float = _setting(10.0, "a connection whose request headers are not complete this long after "
+                                             "it opened (or after its last response) gets 408 and is closed")
+    body_timeout_s: float = _setting(30.0, "a request body not complete this long after the request began: 408")
+    stream_buffer_events: int = _setting(1024, "tokens a stream may have generated but not yet handed to a slow "
+                                                "client; past it the request is cancelled and logged (slow_client)")
     max_queue_delay_ms: float = _setting(10.0, "an idle engine waits this long to prefill a burst together")
     request_timeout_s: float = _setting(300.0, "deadline of requests without a `timeout` field (504 after it)")
     graceful_timeout_s: int = _setting(30, "after SIGTERM, in-flight requests get this long to finish")

@@ -32,7 +32,8 @@ from aieng.server.process.canary import pick
 CLIENT_CLOSED_REQUEST = 499  # nginx's code for "the client went away"; nobody reads the body
 
 
-def create_app(runtime, *, max_body_bytes: int = 1_000_000, start_runtime: bool = True) -> FastAPI:
+def create_app(runtime, *, max_body_bytes: int = 1_000_000, body_timeout_s: float = 0.0,
+               start_runtime: bool = True) -> FastAPI:
     """``runtime``: the process's ``aieng.server.process.runtime.Runtime`` (model, scheduler, readiness)."""
     @contextlib.asynccontextmanager
     async def lifespan(_app):
@@ -88,7 +89,7 @@ def create_app(runtime, *, max_body_bytes: int = 1_000_000, start_runtime: bool 
     if runtime.settings.admin_token:  # no token, no admin routes: they answer 404 like any unknown path
         install_admin_routes(app, runtime)
 
-    app.add_middleware(BodySizeLimitMiddleware, max_bytes=max_body_bytes)
+    app.add_middleware(BodySizeLimitMiddleware, max_bytes=max_body_bytes, timeout_s=body_timeout_s)
     app.add_middleware(RequestContextMiddleware, metrics_enabled=runtime.settings.metrics,
                        model_version=lambda: runtime.model_version)
     return app

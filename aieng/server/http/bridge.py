@@ -9,6 +9,7 @@ before the next decode step.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 import weakref
@@ -16,8 +17,12 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from aieng.engine import GenerationRequest, TokenEvent
+from aieng.engine.request import error_event
+from aieng.errors import AiengError
 from aieng.scheduler import QueuedRequest, Scheduler
 from aieng.server.http.client_metrics import ClientMetrics
+
+log = logging.getLogger("aieng.server")
 
 
 @dataclass
@@ -37,17 +42,62 @@ class Submission:
         return self.request.request_id
 
 
+class StreamBufferFullError(AiengError):
+    """A client read its stream so slowly that the tokens waiting for it passed the bound."""
+
+    code = "client_too_slow"
+    status = 408
+    type = "invalid_request_error"
+    request_path = True
+
+
+class EventQueue(asyncio.Queue):
+    """A request's events waiting for its handler, at most ``limit`` of them.
+
+    The engine never waits for a socket: a client that reads slowly only makes this queue grow
+    (once the kernel's and uvicorn's write buffers are full). Past ``limit`` events the request
+    is cancelled (its row leaves the batch), the overflow is logged, and the handler, whenever
+    it gets there, ends the stream with a ``client_too_slow`` error."""
+
+    def __init__(self, limit: int, on_overflow):
+        super().__init__()
+        self.limit = limit
+        self.on_overflow = on_overflow
+        self.overflowed = False
+
+    def put_nowait(self, event: TokenEvent) -> None:
+        if self.overflowed:
+            return  # the request is over; what the engine produced before the cancel landed is dropped
+        if self.limit and self.qsize() >= self.limit and not event.finished:
+            self.overflowed = True
+            error = self.on_overflow()
+            super().put_nowait(error_event(event.request_id, error))
+            return
+        super().put_nowait(event)
+
+
 class Bridge:
-    def __init__(self, scheduler: Scheduler, *, metrics_enabled: bool = True, version: str = ""):
+    def __init__(self, scheduler: Scheduler, *, metrics_enabled: bool = True, version: str = "",
+                 buffer_events: int = 0):
         self.scheduler = scheduler
         self.version = version  # the label of this version's request metrics
         self.metrics_enabled = metrics_enabled
+        self.buffer_events = buffer_events  # EventQueue's limit (AIENG_STREAM_BUFFER_EVENTS); 0 = none
         self._mailboxes: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # loop -> _Mailbox
 
     def submit(self, request: GenerationRequest, *, priority: str, timeout: float | None) -> Submission:
         """Queue ``request`` (raises OverloadedError or NotReadyError); read it with ``events``."""
         loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[TokenEvent] = asyncio.Queue()
+
+        def overflow() -> AiengError:
+            log.warning("a client reads its stream too slowly: %d tokens wait for it; cancelling the request",
+                        self.buffer_events, extra={"event": "slow_client", "phase": "stream",
+                                                   "trace_id": request.trace_id})
+            self.scheduler.cancel(request.request_id)
+            return StreamBufferFullError(f"the client read its stream too slowly: {self.buffer_events} tokens were "
+                                         "waiting for it (AIENG_STREAM_BUFFER_EVENTS); the request was cancelled")
+
+        queue = EventQueue(self.buffer_events, overflow)
         mailbox = self._mailboxes.get(loop)
         if mailbox is None:
             mailbox = self._mailboxes[loop] = _Mailbox(loop)

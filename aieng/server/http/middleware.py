@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import time
 
-from aieng.errors import RequestTooLargeError
+from aieng.errors import RequestTooLargeError, SlowClientError
 from aieng.observability import metrics
 from aieng.observability import tracing
+
+log = logging.getLogger("aieng.server")
 
 
 class RequestContextMiddleware:
@@ -75,25 +79,38 @@ class RequestContextMiddleware:
 
 
 class BodySizeLimitMiddleware:
-    """Refuse bodies over ``max_bytes`` with 413 before they are parsed, whatever Content-Length claims."""
+    """Refuse bodies over ``max_bytes`` with 413 before they are parsed, whatever Content-Length
+    claims, and bodies still arriving ``timeout_s`` after the request began with 408 (a client
+    sending a byte a second would otherwise hold its connection and its handler for as long as
+    it likes; the deadline covers the body only, not the disconnect watch that follows it)."""
 
-    def __init__(self, app, max_bytes: int):
+    def __init__(self, app, max_bytes: int, timeout_s: float = 0.0):
         self.app = app
         self.max_bytes = max_bytes
+        self.timeout_s = timeout_s
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         declared = dict(scope.get("headers") or []).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            return await self._reject(send)
+            return await self._reject(send, RequestTooLargeError(f"request body exceeds the limit of {self.max_bytes} bytes"))
         received = 0
+        body_done = False
+        deadline = time.monotonic() + self.timeout_s
 
         async def limited_receive():
-            nonlocal received
-            message = await receive()
+            nonlocal received, body_done
+            if body_done or self.timeout_s <= 0:
+                message = await receive()
+            else:
+                try:
+                    message = await asyncio.wait_for(receive(), max(0.0, deadline - time.monotonic()))
+                except asyncio.TimeoutError:
+                    raise _BodyTooSlow() from None
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
+                body_done = not message.get("more_body", False)
                 if received > self.max_bytes:
                     raise _BodyTooLarge()
             return message
@@ -101,16 +118,26 @@ class BodySizeLimitMiddleware:
         try:
             await self.app(scope, limited_receive, send)
         except _BodyTooLarge:
-            await self._reject(send)
+            await self._reject(send, RequestTooLargeError(f"request body exceeds the limit of {self.max_bytes} bytes"))
+        except _BodyTooSlow:
+            log.warning("request body not complete after %g s: answered 408", self.timeout_s,
+                        extra={"event": "slow_client", "phase": "body", "received_bytes": received})
+            await self._reject(send, SlowClientError(f"the request body did not arrive within {self.timeout_s:g} s "
+                                                     f"(AIENG_BODY_TIMEOUT_S); {received} bytes came"), close=True)
 
-    async def _reject(self, send):
-        error = RequestTooLargeError(f"request body exceeds the limit of {self.max_bytes} bytes")
+    async def _reject(self, send, error, *, close: bool = False):
         metrics.count_error(error.code)
         body = json.dumps(error.envelope()).encode()
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
         await send({"type": "http.response.start", "status": error.status,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+                    "headers": headers + ([(b"connection", b"close")] if close else [])})
         await send({"type": "http.response.body", "body": body})
 
 
-class _BodyTooLarge(Exception):
-    pass
+class _BodyTooLarge(BaseException):
+    """BaseException so that no layer in between (FastAPI turns an Exception raised while it
+    parses the body into a 400 "error parsing the body") catches it before this middleware."""
+
+
+class _BodyTooSlow(BaseException):
+    """As ``_BodyTooLarge``."""

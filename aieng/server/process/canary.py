@@ -101,7 +101,8 @@ class CanaryKeeper:
             engine.warmup()
             canary = Serving.build(ref.name, loaded, engine, runtime.config.scheduler,
                                    metrics_enabled=runtime.settings.metrics,
-                                   step_delay_s=step_delay(runtime.settings, loaded.version))
+                                   step_delay_s=step_delay(runtime.settings, loaded.version),
+                                   buffer_events=runtime.settings.stream_buffer_events)
         except Exception as exc:  # the stable version keeps all the traffic
             self.failed = record.version
             log.error("loading canary %s failed; stable %s keeps all traffic: %s", ref, runtime.serving.version, exc,

@@ -265,7 +265,8 @@ class HotSwapper:
         if engine.compile_status == "compiling":
             engine.wait_for_compile()  # a swap switches to a fully warm version only
         return Serving.build(ref.name, loaded, engine, runtime.config.scheduler, metrics_enabled=runtime.settings.metrics,
-                             step_delay_s=step_delay(runtime.settings, loaded.version))
+                             step_delay_s=step_delay(runtime.settings, loaded.version),
+                             buffer_events=runtime.settings.stream_buffer_events)
 
     # -- polling -------------------------------------------------------------------------------
     def watch(self) -> None:

@@ -172,7 +172,8 @@ class Runtime:
             self.config.scheduler = replace(self.config.scheduler, max_batch_size=self.engine.max_rows)
         self.install(Serving.build(self.model_name, self.loaded, self.engine, self.config.scheduler,
                                    metrics_enabled=self.settings.metrics,
-                                   step_delay_s=step_delay(self.settings, self.loaded.version)))
+                                   step_delay_s=step_delay(self.settings, self.loaded.version),
+                                   buffer_events=self.settings.stream_buffer_events))
         self.serving.publish(True)
         set_service(self.model_name, self.model_version)
         metrics.QUEUE_CAPACITY.set(self.config.scheduler.max_queue)

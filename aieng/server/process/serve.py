@@ -57,7 +57,7 @@ def serve(settings: Settings, progress: StartupProgress | None = None) -> None:
     log.info("serving %s@%s on http://%s:%d with %d worker(s) x %d torch thread(s): %s", runtime.model_name,
              runtime.model_version, settings.host, settings.port, plan.workers, plan.torch_threads, plan.reason)
     runtime.progress.stop_heartbeat()  # no thread may hold a lock across fork; each worker starts its own
-    app = create_app(runtime, max_body_bytes=settings.max_body_bytes)
+    app = create_app(runtime, max_body_bytes=settings.max_body_bytes, body_timeout_s=settings.body_timeout_s)
     options = {"bind": f"{settings.host}:{settings.port}", "workers": plan.workers,
                "graceful_timeout": settings.graceful_timeout_s, "loglevel": settings.log_level}
     GunicornApplication(app, options).run()

@@ -17,6 +17,8 @@ from gunicorn.arbiter import Arbiter
 from uvicorn.server import Server
 from uvicorn_worker import UvicornWorker
 
+from aieng.server.process.http_protocol import GuardedHttpToolsProtocol
+
 
 class DrainingServer(Server):
     def __init__(self, config, runtime):
@@ -38,13 +40,17 @@ class DrainingServer(Server):
 
 
 class AiengUvicornWorker(UvicornWorker):
-    CONFIG_KWARGS = {"loop": "uvloop", "http": "httptools", "lifespan": "on"}
+    # http_protocol.py: uvicorn's httptools protocol plus a header deadline and an enveloped 503
+    CONFIG_KWARGS = {"loop": "uvloop", "http": GuardedHttpToolsProtocol, "lifespan": "on"}
 
     async def _serve(self) -> None:
         self.config.app = self.wsgi
         runtime = getattr(getattr(self.wsgi, "state", None), "runtime", None)
         if runtime is not None:  # a wedged engine (step_watchdog.py) ends this worker the usual way: drain, exit
             runtime.on_stuck = lambda: os.kill(os.getpid(), signal.SIGTERM)
+            settings = runtime.settings
+            self.config.header_timeout_s = settings.header_timeout_s
+            self.config.limit_concurrency = settings.max_connections or None
         server = DrainingServer(self.config, runtime)
         self._install_sigquit_handler()
         await server.serve(sockets=self.sockets)
