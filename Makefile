@@ -12,23 +12,38 @@ export TOKENIZERS_PARALLELISM ?= false
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: help install demo serve test test-fast lab lock clean
+.PHONY: help install install-prod audit demo serve test test-fast lab lock clean
 
 help:
 	@echo "make serve   set up (venv, locked deps, demo model) and serve on 127.0.0.1:8000"
 	@echo "make test    set up, then run unit, integration, notebook (nbval) and runbook (papermill) tests"
 	@echo "make lab     JupyterLab on notebooks/"
-	@echo "make lock    regenerate requirements.lock and environment.yml from pyproject.toml"
+	@echo "make audit   known vulnerabilities in the locks (security/audit-allowlist.toml for accepted ones)"
+	@echo "make lock    regenerate requirements.lock, requirements-dev.lock (hashed) and environment.yml"
 
-$(STAMP): requirements.lock pyproject.toml
+# requirements.lock: what the server runs on; requirements-dev.lock: that plus the workbook, the
+# test suite and the benchmark peers. Both pin every package with its sha256 and are installed
+# with --require-hashes, so a wheel that differs from the one locked is refused.
+$(STAMP): requirements.lock requirements-dev.lock pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -r requirements.lock
+	$(BIN)/python -m pip install --quiet --require-hashes -r requirements-dev.lock
 	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e .
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (aieng)" >/dev/null
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# Production hosts: the server's own lock only (no notebooks, no test tools).
+install-prod:
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --require-hashes -r requirements.lock
+	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e .
+
+# Known vulnerabilities in either lock, against the registry (aieng/lock_audit.py says how);
+# a finding fails unless security/audit-allowlist.toml allows it with a reason.
+audit: $(STAMP)
+	$(BIN)/python -m aieng.lock_audit requirements.lock requirements-dev.lock --allow security/audit-allowlist.toml
 
 # Build + register + evaluate + promote the demo model unless the store already has a current one.
 demo: $(STAMP)
@@ -37,7 +52,7 @@ demo: $(STAMP)
 serve: demo
 	$(BIN)/aieng serve
 
-test: demo
+test: demo audit
 	@if command -v promtool >/dev/null; then promtool check rules deploy/prometheus/alerts.yml; \
 	  else echo "promtool not found: alert rules unchecked (apt-get install prometheus)"; fi
 	$(BIN)/python -m pytest tests --nbval-lax notebooks -p no:cacheprovider
@@ -45,12 +60,15 @@ test: demo
 lab: demo
 	$(BIN)/jupyter lab notebooks/
 
+LOCK_FLAGS := --quiet --generate-hashes --allow-unsafe --strip-extras --no-emit-index-url --no-emit-find-links
+
 lock: $(STAMP)
-	$(BIN)/pip-compile --quiet --extra dev --strip-extras --no-emit-index-url --no-emit-find-links \
-		-o requirements.lock pyproject.toml
-	# the CPU wheel on disk reports 2.13.0+cpu; pin the public version so GPU hosts resolve too
-	sed -i 's/^torch==\(.*\)+cpu/torch==\1/' requirements.lock
-	$(BIN)/python -m aieng.lockfile requirements.lock environment.yml
+	$(BIN)/pip-compile $(LOCK_FLAGS) -o requirements.lock pyproject.toml
+	$(BIN)/pip-compile $(LOCK_FLAGS) --extra dev -o requirements-dev.lock pyproject.toml
+	# the CPU wheel on disk reports 2.13.0+cpu; pin the public version (its hash stays the CPU
+	# wheel's: on a GPU host, run `make lock` there to lock that host's torch wheel)
+	sed -i 's/^torch==\(.*\)+cpu/torch==\1/' requirements.lock requirements-dev.lock
+	$(BIN)/python -m aieng.lockfile requirements-dev.lock environment.yml
 
 clean:
 	rm -rf $(VENV) var/build .pytest_cache
