@@ -16,6 +16,8 @@ graceful_timeout = 30
 # Idle keep-alive connections are closed after this many seconds.
 keepalive = 5
 # Recycle workers now and then (bounded memory growth); jitter keeps them from restarting together.
+# `aieng serve` sets both from AIENG_MAX_REQUESTS; the worker retires without losing a request
+# (aieng.server.process.worker.DrainingServer).
 max_requests = 10000
 max_requests_jitter = 1000
 # Logs go to stderr like the rest of aieng.

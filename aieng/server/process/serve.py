@@ -59,5 +59,6 @@ def serve(settings: Settings, progress: StartupProgress | None = None) -> None:
     runtime.progress.stop_heartbeat()  # no thread may hold a lock across fork; each worker starts its own
     app = create_app(runtime, max_body_bytes=settings.max_body_bytes, body_timeout_s=settings.body_timeout_s)
     options = {"bind": f"{settings.host}:{settings.port}", "workers": plan.workers,
-               "graceful_timeout": settings.graceful_timeout_s, "loglevel": settings.log_level}
+               "graceful_timeout": settings.graceful_timeout_s, "loglevel": settings.log_level,
+               "max_requests": settings.max_requests, "max_requests_jitter": settings.max_requests // 10}
     GunicornApplication(app, options).run()
