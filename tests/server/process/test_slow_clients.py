@@ -91,16 +91,18 @@ def _gauges(base_url) -> tuple[float, float]:
 
 
 async def _vanish(host: str, port: int, body: bytes) -> bool:
-    """Open a stream, read its first event, then reset the connection (no FIN, no goodbye)."""
+    """Open a stream, read until its first token (the second event: the first only names the
+    role), then reset the connection (no FIN, no goodbye)."""
     reader, writer = await asyncio.open_connection(host, port)
     writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                  b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
     await writer.drain()
-    got = False
+    got, events = False, 0
     try:
-        async with asyncio.timeout(30):
+        async with asyncio.timeout(60):
             while line := await reader.readline():
-                if line.startswith(b"data:") or line.startswith(b"HTTP/1.1 429"):
+                events += line.startswith(b"data:")
+                if events == 2 or line.startswith(b"HTTP/1.1 429"):
                     got = True
                     break
     except TimeoutError:
