@@ -55,6 +55,11 @@ class CompiledForward:
     def warm(self) -> bool:
         return self._warm
 
+    @property
+    def compiling(self) -> bool:
+        """A form warm-up missed is being compiled inside a step (seconds to minutes: not a hang)."""
+        return self._rewarming
+
     def mark_warm(self) -> None:
         """Warm-up has called every form the engine uses: skip guard evaluation from now on."""
         self._warm = True

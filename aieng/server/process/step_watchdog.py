@@ -13,8 +13,9 @@ age with ``AIENG_STEP_TIMEOUT_S`` and, past it:
 3. after ``exit_after_s`` asks the process to stop (``on_stuck``: in a gunicorn worker a SIGTERM
    to itself, i.e. the usual drain), so the process manager starts a fresh worker.
 
-The timeout must exceed the slowest healthy step: a long prompt's prefill on a big model, or a
-compiled graph being rebuilt for a new shape, can take tens of seconds on a CPU.
+The timeout must exceed the slowest healthy step: a long prompt's prefill on a big model can take
+tens of seconds on a CPU. A step that is compiling a graph warm-up missed (the transformers
+path's rewarm, minutes on a big model) is not judged while it compiles.
 """
 
 from __future__ import annotations
@@ -53,6 +54,9 @@ class StepWatchdog:
         for serving in (self.runtime.serving, self.runtime.canary):
             loop = serving.engine_loop if serving is not None else None
             started = loop.step_started if loop is not None else None
+            forward = getattr(getattr(getattr(serving, "engine", None), "runner", None), "forward_fn", None)
+            if getattr(forward, "compiling", False):
+                continue  # compiling a graph inside the step (the HF path's rewarm): slow, not wedged
             if started is not None and now - started > self.timeout_s:
                 self._fire(serving, now - started, loop.step_shape())
                 return True

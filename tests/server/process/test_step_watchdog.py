@@ -80,3 +80,11 @@ def test_a_wedged_worker_turns_unready_and_gunicorn_replaces_it(demo_store):
                 break
             time.sleep(0.2)
         assert resp.status_code == 200, server.output()[-3000:]
+
+
+def test_a_step_compiling_a_missed_graph_is_slow_not_stuck():
+    runtime = _runtime_with_a_step_started_at(100.0)
+    runtime.serving.engine = SimpleNamespace(runner=SimpleNamespace(forward_fn=SimpleNamespace(compiling=True)))
+    assert not StepWatchdog(runtime, 5.0, exit_after_s=0.0).check(now=1000.0) and runtime.stuck is None
+    runtime.serving.engine.runner.forward_fn.compiling = False
+    assert StepWatchdog(runtime, 5.0, exit_after_s=0.0).check(now=1000.0)
