@@ -60,6 +60,8 @@ class Settings:
     request_timeout_s: float = _setting(300.0, "deadline of requests without a `timeout` field (504 after it)")
     max_requests: int = _setting(10000, "a worker retires after about this many requests (jitter 10%), without "
                                         "losing one: its connections close on their next response; 0 = never")
+    max_worker_memory_mb: int = _setting(0, "a worker whose resident memory passes this retires the same lossless "
+                                            "way (gunicorn starts a fresh one); 0 = no limit")
     graceful_timeout_s: int = _setting(30, "after SIGTERM, in-flight requests get this long to finish")
     step_timeout_s: float = _setting(120.0, "an engine step running longer marks the worker unready (503 `stuck`), "
                                             "logs the step's shape and restarts the worker; 0 = no watchdog")

@@ -55,6 +55,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         super().__init__(config, *args, **kwargs)
         self.header_timeout_s = getattr(config, "header_timeout_s", 0.0)
         self._header_timer = None
+        self.idle_since: float | None = None  # loop time since no request is in progress (a retiring worker reads it)
 
     def _arm_header_timer(self) -> None:
         if self.header_timeout_s > 0 and self._header_timer is None:
@@ -67,11 +68,18 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
+        self.idle_since = self.loop.time()
         self._arm_header_timer()
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        self.idle_since = None
         self._arm_header_timer()  # the next request on a kept-alive connection gets its own deadline
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self.cycle is None or self.cycle.response_complete:
+            self.idle_since = self.loop.time()
 
     def on_headers_complete(self) -> None:
         self._disarm_header_timer()

@@ -23,25 +23,33 @@ from aieng.server.process.http_protocol import GuardedHttpToolsProtocol
 
 log = logging.getLogger("aieng.server")
 
+IDLE_CLOSE_S = 1.0  # a retiring worker closes connections idle this long instead of waiting for the keep-alive timer
+
 
 class DrainingServer(Server):
     """uvicorn's server with aieng's two ways out: the SIGTERM drain, and a lossless recycle.
 
-    Recycling (gunicorn's ``max_requests``, ``AIENG_MAX_REQUESTS``): uvicorn's own way closes
-    every idle keep-alive connection the moment the count is reached, and a client that was
-    just sending its next request on one of them loses it (a connection reset, never seen by
-    the server). Here the worker *retires* instead: it stops accepting connections (the other
-    workers take the new ones), answers every further request on its open connections with
-    ``Connection: close`` (so each client learns, at its next request, to go elsewhere), lets
-    idle connections run out on the keep-alive timer as always, and exits once no connection
-    is left (or after ``graceful_timeout``), when gunicorn starts its replacement.
+    Recycling (gunicorn's ``max_requests``, ``AIENG_MAX_REQUESTS``; or resident memory past
+    ``AIENG_MAX_WORKER_MEMORY_MB``): uvicorn's own way closes every idle keep-alive connection
+    the moment the count is reached, and a client that was just sending its next request on one
+    of them loses it (a connection reset, never seen by the server). Here the worker *retires*
+    instead: it stops accepting connections (the other workers take the new ones), answers every
+    further request on its open connections with ``Connection: close`` (so each client learns,
+    at its next request, to go elsewhere), closes connections idle for ``IDLE_CLOSE_S`` (a
+    client that has not used its connection for a second is not about to: the race uvicorn
+    loses is with a client between two back-to-back requests), and exits once no connection is
+    left (or after ``graceful_timeout``), when gunicorn starts its replacement. SIGTERM (a shutdown, or gunicorn's SIGHUP reload) ends the
+    same way after the drain delay, except that the draining runtime answers those further
+    requests with 503 ``not_ready`` (and ``Connection: close``) instead of serving them.
     """
 
-    def __init__(self, config, runtime, *, retire_after: int | None = None, retire_within_s: float = 30.0):
+    def __init__(self, config, runtime, *, retire_after: int | None = None, retire_within_s: float = 30.0,
+                 max_memory_bytes: int = 0):
         super().__init__(config)
         self.runtime = runtime
         self.retire_after = retire_after
         self.retire_within_s = retire_within_s
+        self.max_memory_bytes = max_memory_bytes
         self.retiring_since: float | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -55,13 +63,18 @@ class DrainingServer(Server):
 
     async def on_tick(self, counter: int) -> bool:
         state = self.server_state
-        if self.retiring_since is None and self.retire_after and state.total_requests >= self.retire_after:
-            self._retire(state.total_requests)
+        if self.retiring_since is None and (reason := self._retire_reason(counter)):
+            self._retire(reason)
         exit_now = await super().on_tick(counter)  # refreshes the default headers once a second
         if self.retiring_since is None:
             return exit_now
         if not any(name == b"connection" for name, _ in state.default_headers):
             state.default_headers = [*state.default_headers, (b"connection", b"close")]
+        now = asyncio.get_running_loop().time()
+        for connection in list(state.connections):  # idle a while: its client is not about to send on it
+            idle_since = getattr(connection, "idle_since", None)
+            if idle_since is not None and now - idle_since >= IDLE_CLOSE_S:
+                connection.shutdown()
         done = not state.connections or time.monotonic() - self.retiring_since > self.retire_within_s
         if done and not exit_now:
             log.info("worker retired: %s", "every connection closed" if not state.connections else
@@ -69,13 +82,25 @@ class DrainingServer(Server):
                      extra={"event": "worker_retired", "open_connections": len(state.connections)})
         return exit_now or done
 
-    def _retire(self, served: int) -> None:
+    def _retire_reason(self, counter: int) -> str | None:
+        served = self.server_state.total_requests
+        if self.retire_after and served >= self.retire_after:
+            return f"served {served} requests (AIENG_MAX_REQUESTS)"
+        if self.max_memory_bytes and counter % 10 == 0:  # once a second
+            rss = resident_bytes()
+            if rss > self.max_memory_bytes:
+                return f"resident memory {rss / 2**20:.0f} MiB is over AIENG_MAX_WORKER_MEMORY_MB"
+        return None
+
+    def _retire(self, reason: str) -> None:
+        if self.retiring_since is not None:
+            return
         self.retiring_since = time.monotonic()
         for server in self.servers:
             server.close()  # no new connections: the other workers accept them
-        log.info("worker retiring after %d requests: no new connections, Connection: close on the next response of "
-                 "each of its %d open connection(s)", served, len(self.server_state.connections),
-                 extra={"event": "worker_retiring", "requests": served,
+        log.info("worker retiring (%s): no new connections, Connection: close on the next response of each of its "
+                 "%d open connection(s)", reason, len(self.server_state.connections),
+                 extra={"event": "worker_retiring", "reason": reason, "requests": self.server_state.total_requests,
                         "open_connections": len(self.server_state.connections)})
 
     def handle_exit(self, sig, frame):
@@ -84,7 +109,13 @@ class DrainingServer(Server):
             return super().handle_exit(sig, frame)  # a second signal: stop now
         runtime.drain()
         delay = runtime.config.drain_delay_s
-        self._loop.call_soon_threadsafe(self._loop.call_later, delay, Server.handle_exit, self, sig, frame)
+        self._loop.call_soon_threadsafe(self._loop.call_later, delay, self._retire, f"signal {sig}")
+
+
+def resident_bytes() -> int:
+    import psutil
+
+    return psutil.Process().memory_info().rss
 
 
 class AiengUvicornWorker(UvicornWorker):
@@ -99,8 +130,9 @@ class AiengUvicornWorker(UvicornWorker):
             settings = runtime.settings
             self.config.header_timeout_s = settings.header_timeout_s
             self.config.limit_concurrency = settings.max_connections or None
+        memory_mb = runtime.settings.max_worker_memory_mb if runtime is not None else 0
         server = DrainingServer(self.config, runtime, retire_after=self.max_requests or None,
-                                retire_within_s=float(self.cfg.graceful_timeout))
+                                retire_within_s=float(self.cfg.graceful_timeout), max_memory_bytes=memory_mb * 2**20)
         self._install_sigquit_handler()
         await server.serve(sockets=self.sockets)
         if not server.started:

@@ -62,3 +62,21 @@ def test_recycling_workers_under_streaming_load_fails_no_request(demo_store):
     assert failures == [], f"{len(failures)} of {len(outcomes)} requests failed across {recycles} recycles: " \
                            f"{sorted(set(failures))[:5]}"
     assert len(retired) >= 2 and all(r["open_connections"] == 0 for r in retired), retired  # every client told
+
+
+def test_a_worker_retires_on_its_request_count_or_its_resident_memory(monkeypatch):
+    from uvicorn.config import Config
+
+    from aieng.server.process import worker
+
+    server = worker.DrainingServer(Config(app=None), None, retire_after=100, max_memory_bytes=500 * 2**20)
+    monkeypatch.setattr(worker, "resident_bytes", lambda: 400 * 2**20)
+    server.server_state.total_requests = 99
+    assert server._retire_reason(counter=10) is None
+    server.server_state.total_requests = 100
+    assert "served 100 requests" in server._retire_reason(counter=1)
+    server.server_state.total_requests = 0
+    monkeypatch.setattr(worker, "resident_bytes", lambda: 600 * 2**20)
+    assert server._retire_reason(counter=3) is None  # memory is read once a second (every 10th tick)
+    assert "resident memory 600 MiB is over AIENG_MAX_WORKER_MEMORY_MB" in server._retire_reason(counter=10)
+    assert worker.DrainingServer(Config(app=None), None).limit_max_requests is None  # uvicorn's own exit never fires
