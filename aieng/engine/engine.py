@@ -117,6 +117,11 @@ class Engine:
         return self.runner.max_rows
 
     @property
+    def compiling_inline(self) -> bool:
+        """A step is compiling a graph warm-up missed (the transformers path's rewarm): slow, not hung."""
+        return getattr(getattr(self.runner, "forward_fn", None), "compiling", False)
+
+    @property
     def stats(self) -> dict[str, int]:
         forward = getattr(self.runner, "forward_fn", None)
         counts = {**self.counts, "oom_splits": sum(self.runner.oom_splits.values())}

@@ -32,7 +32,6 @@ class RequestStats:
     def server_timing(self) -> str:
         """The phases as a ``Server-Timing`` value (milliseconds): ``queue;dur=1.2, prefill;dur=…``.
 
-        Sent as a header on a whole response and as a closing ``: server-timing …`` comment on a
-        stream, whose headers left before the first token (``X-Process-Time`` there is only the
-        time to the headers)."""
+        Sent as a header on a whole generation reply; a stream's headers leave before its first
+        token, so its phases are only in the ``request_finished`` log line."""
         return ", ".join(f"{name.removesuffix('_s')};dur={value * 1000:.1f}" for name, value in self.log_fields().items())

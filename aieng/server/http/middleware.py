@@ -94,7 +94,7 @@ class BodySizeLimitMiddleware:
             return await self.app(scope, receive, send)
         declared = dict(scope.get("headers") or []).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            return await self._reject(send, RequestTooLargeError(f"request body exceeds the limit of {self.max_bytes} bytes"))
+            return await self._reject(send, self._too_large())
         received = 0
         body_done = False
         deadline = time.monotonic() + self.timeout_s
@@ -118,12 +118,15 @@ class BodySizeLimitMiddleware:
         try:
             await self.app(scope, limited_receive, send)
         except _BodyTooLarge:
-            await self._reject(send, RequestTooLargeError(f"request body exceeds the limit of {self.max_bytes} bytes"))
+            await self._reject(send, self._too_large())
         except _BodyTooSlow:
             log.warning("request body not complete after %g s: answered 408", self.timeout_s,
                         extra={"event": "slow_client", "phase": "body", "received_bytes": received})
             await self._reject(send, SlowClientError(f"the request body did not arrive within {self.timeout_s:g} s "
                                                      f"(AIENG_BODY_TIMEOUT_S); {received} bytes came"), close=True)
+
+    def _too_large(self) -> RequestTooLargeError:
+        return RequestTooLargeError(f"request body exceeds the limit of {self.max_bytes} bytes")
 
     async def _reject(self, send, error, *, close: bool = False):
         metrics.count_error(error.code)

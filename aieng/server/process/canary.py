@@ -29,7 +29,7 @@ from aieng.engine import Engine
 from aieng.errors import ModelNotFoundError, request_error_codes
 from aieng.loading.loader import LoadConfig, load_version
 from aieng.observability import metrics
-from aieng.server.process.serving import Serving, step_delay
+from aieng.server.process.serving import Serving
 from aieng.store import ModelRef, ModelStore
 from aieng.store.canary import CanaryRecord, read_canary
 
@@ -99,10 +99,7 @@ class CanaryKeeper:
             engine = Engine(loaded.model, loaded.tokenizer, context_length=loaded.context_length,
                             config=runtime.config.engine, replacing=runtime.serving.engine)
             engine.warmup()
-            canary = Serving.build(ref.name, loaded, engine, runtime.config.scheduler,
-                                   metrics_enabled=runtime.settings.metrics,
-                                   step_delay_s=step_delay(runtime.settings, loaded.version),
-                                   buffer_events=runtime.settings.stream_buffer_events)
+            canary = Serving.build(ref.name, loaded, engine, runtime.config.scheduler, runtime.settings)
         except Exception as exc:  # the stable version keeps all the traffic
             self.failed = record.version
             log.error("loading canary %s failed; stable %s keeps all traffic: %s", ref, runtime.serving.version, exc,

@@ -52,7 +52,7 @@ from aieng.loading.loader import LoadConfig, load_version
 from aieng.observability import metrics
 from aieng.observability.logs import set_service
 from aieng.server.process.canary import CanaryKeeper
-from aieng.server.process.serving import Serving, step_delay
+from aieng.server.process.serving import Serving
 from aieng.store import ModelRef, ModelStore
 
 log = logging.getLogger("aieng.server.swap")
@@ -264,9 +264,7 @@ class HotSwapper:
         engine.warmup()
         if engine.compile_status == "compiling":
             engine.wait_for_compile()  # a swap switches to a fully warm version only
-        return Serving.build(ref.name, loaded, engine, runtime.config.scheduler, metrics_enabled=runtime.settings.metrics,
-                             step_delay_s=step_delay(runtime.settings, loaded.version),
-                             buffer_events=runtime.settings.stream_buffer_events)
+        return Serving.build(ref.name, loaded, engine, runtime.config.scheduler, runtime.settings)
 
     # -- polling -------------------------------------------------------------------------------
     def watch(self) -> None:

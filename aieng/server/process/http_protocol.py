@@ -21,25 +21,23 @@ import logging
 from uvicorn.protocols.http import httptools_impl
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from aieng.errors import ConnectionLimitError, SlowClientError
+
 log = logging.getLogger("aieng.server")
 
 
-def _envelope(status_line: bytes, code: str, message: str, extra_headers: bytes = b"") -> bytes:
-    body = json.dumps({"error": {"message": message, "type": "server_error" if status_line.startswith(b"5")
-                                 else "invalid_request_error", "param": None, "code": code}}).encode()
-    return (b"HTTP/1.1 " + status_line + b"\r\ncontent-type: application/json\r\ncontent-length: "
-            + str(len(body)).encode() + b"\r\nconnection: close\r\n" + extra_headers + b"\r\n" + body)
+def _body(error) -> bytes:
+    from aieng.observability import metrics
+
+    metrics.count_error(error.code)
+    return json.dumps(error.envelope()).encode()
 
 
 async def connection_limit_reached(scope, receive, send) -> None:
     """The 503 a worker gives beyond its connection cap, in the error envelope."""
-    from aieng.observability import metrics
-
-    metrics.count_error("too_many_connections")
-    body = json.dumps({"error": {
-        "message": "this worker is at its connection limit (AIENG_MAX_CONNECTIONS); retry shortly or on another "
-                   "instance", "type": "server_error", "param": None, "code": "too_many_connections"}}).encode()
-    await send({"type": "http.response.start", "status": 503,
+    body = _body(ConnectionLimitError("this worker is at its connection limit (AIENG_MAX_CONNECTIONS); retry "
+                                      "shortly or on another instance"))
+    await send({"type": "http.response.start", "status": ConnectionLimitError.status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                             (b"retry-after", b"1"), (b"connection", b"close")]})
     await send({"type": "http.response.body", "body": body, "more_body": False})
@@ -95,7 +93,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             return  # a request is being answered: its headers were complete after all
         log.warning("closed a connection whose request headers took over %g s", self.header_timeout_s,
                     extra={"event": "slow_client", "phase": "headers", "client": "%s:%s" % (self.client or ("?", "?"))})
-        self.transport.write(_envelope(b"408 Request Timeout", "request_timeout",
-                                       f"the request headers did not arrive within {self.header_timeout_s:g} s "
-                                       "(AIENG_HEADER_TIMEOUT_S)"))
+        body = _body(SlowClientError(f"the request headers did not arrive within {self.header_timeout_s:g} s "
+                                     "(AIENG_HEADER_TIMEOUT_S)"))
+        self.transport.write(b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
+                             b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
         self.transport.close()

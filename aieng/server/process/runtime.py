@@ -33,7 +33,7 @@ from aieng.loading.loader import LoadConfig, LoadedModel, load_version
 from aieng.observability.logs import set_service
 from aieng.scheduler import EngineLoop, SchedulerConfig
 from aieng.server.process.hot_swap import HotSwapper
-from aieng.server.process.serving import Serving, step_delay
+from aieng.server.process.serving import Serving
 from aieng.server.process.compile_cache import compile_cache_counts, compile_cache_delta
 from aieng.server.process.startup import FAILED, PhasedStore, StartupProgress
 from aieng.server.process.step_watchdog import StepWatchdog
@@ -170,10 +170,7 @@ class Runtime:
                         self.engine.max_rows, self.engine.context_length, self.config.scheduler.max_batch_size,
                         self.engine.max_rows, extra={"event": "kv_budget_rows"})
             self.config.scheduler = replace(self.config.scheduler, max_batch_size=self.engine.max_rows)
-        self.install(Serving.build(self.model_name, self.loaded, self.engine, self.config.scheduler,
-                                   metrics_enabled=self.settings.metrics,
-                                   step_delay_s=step_delay(self.settings, self.loaded.version),
-                                   buffer_events=self.settings.stream_buffer_events))
+        self.install(Serving.build(self.model_name, self.loaded, self.engine, self.config.scheduler, self.settings))
         self.serving.publish(True)
         set_service(self.model_name, self.model_version)
         metrics.QUEUE_CAPACITY.set(self.config.scheduler.max_queue)

@@ -51,14 +51,12 @@ class StepWatchdog:
     def check(self, now: float | None = None) -> bool:
         """One look at every live engine thread; True (and the actions above) once one is stuck."""
         now = time.monotonic() if now is None else now
-        for serving in (self.runtime.serving, self.runtime.canary):
-            loop = serving.engine_loop if serving is not None else None
-            started = loop.step_started if loop is not None else None
-            forward = getattr(getattr(getattr(serving, "engine", None), "runner", None), "forward_fn", None)
-            if getattr(forward, "compiling", False):
-                continue  # compiling a graph inside the step (the HF path's rewarm): slow, not wedged
-            if started is not None and now - started > self.timeout_s:
-                self._fire(serving, now - started, loop.step_shape())
+        for serving in filter(None, (self.runtime.serving, self.runtime.canary)):
+            started = serving.engine_loop.step_started
+            if started is None or serving.engine.compiling_inline:
+                continue  # idle, or compiling a graph inside the step (the HF path's rewarm): slow, not wedged
+            if now - started > self.timeout_s:
+                self._fire(serving, now - started, serving.engine_loop.step_shape())
                 return True
         return False
 

@@ -21,7 +21,7 @@ from aieng.server.process.step_watchdog import StepWatchdog
 
 def _runtime_with_a_step_started_at(started: float | None):
     loop = SimpleNamespace(step_started=started, step_shape=lambda: {"running_rows": 3, "joining_rows": 1})
-    serving = SimpleNamespace(name="demo", version="7", engine_loop=loop)
+    serving = SimpleNamespace(name="demo", version="7", engine_loop=loop, engine=SimpleNamespace(compiling_inline=False))
     return SimpleNamespace(serving=serving, canary=None, stuck=None)
 
 
@@ -84,7 +84,7 @@ def test_a_wedged_worker_turns_unready_and_gunicorn_replaces_it(demo_store):
 
 def test_a_step_compiling_a_missed_graph_is_slow_not_stuck():
     runtime = _runtime_with_a_step_started_at(100.0)
-    runtime.serving.engine = SimpleNamespace(runner=SimpleNamespace(forward_fn=SimpleNamespace(compiling=True)))
+    runtime.serving.engine.compiling_inline = True
     assert not StepWatchdog(runtime, 5.0, exit_after_s=0.0).check(now=1000.0) and runtime.stuck is None
-    runtime.serving.engine.runner.forward_fn.compiling = False
+    runtime.serving.engine.compiling_inline = False
     assert StepWatchdog(runtime, 5.0, exit_after_s=0.0).check(now=1000.0)
