@@ -96,10 +96,13 @@ def test_promote_and_rollback_under_load_fail_no_request(server, store):
           f"({swaps_end - steady_end:.1f} s), p99 {p99(during):.3f} s (per cycle "
           f"{', '.join(f'{x:.3f}' for x in per_cycle)}) vs steady {p99(steady):.3f} s")
     # The median cycle: a stall on every swap (what compiling beside the serving engine once
-    # caused) fails, one hiccup of this shared 2-core machine during one cycle does not.
+    # caused: +0.33 s and +0.8 s on a 0.14 s p99) fails, one hiccup of this shared 2-core machine
+    # during one cycle does not. Loading the new version takes CPU from the serving engines, so a
+    # cycle's p99 may double on this machine (2.08x once in CI: 0.101 vs 0.049 s); the bound is
+    # twice the steady p99 plus 0.1 s, which every known stall exceeds.
     swaps = [{k: e.get(k) for k in ("ts", "event", "seconds", "message")} for e in
              map(json.loads, (line for line in server.output().splitlines() if '"swap_' in line))]
-    assert statistics.median(per_cycle) <= 2 * p99(steady), (
+    assert statistics.median(per_cycle) <= 2 * p99(steady) + 0.1, (
         f"p99 per promote/rollback cycle {per_cycle} vs steady {p99(steady):.3f} s; swap log: {swaps}")
     text = scrape(server.base_url)
     assert text.value("aieng_model_swaps_total", outcome="ok") >= 12  # two workers, six swaps each
