@@ -34,9 +34,8 @@ from aieng.engine.oom import out_of_memory_error
 from aieng.engine.prefill_budget import PrefillBudget
 from aieng.engine.params import GenerationResult, SamplingParams, validate_request
 from aieng.engine.request import GenerationRequest, StepResult, TokenEvent, error_event
-from aieng.engine.row import Row, advance_rows
+from aieng.engine.row import Row, sample_rows
 from aieng.engine.runner import Chunk
-from aieng.engine.sampling import sample_batch
 from aieng.engine.succession import donor_runner
 from aieng.model_facts import eos_token_ids, model_context_length
 
@@ -286,10 +285,8 @@ class Engine:
             logits.append(out.decode if len(keep) == len(decode_rows) else out.decode[keep])
         finished = set(out.failed)
         if sampled_rows:
-            tokens = sample_batch(torch.cat(logits), [r.request.params for r in sampled_rows],
-                                  [r.generator for r in sampled_rows], [r.seen for r in sampled_rows])
-            for row, event in zip(sampled_rows, advance_rows(sampled_rows, tokens, eos_ids=self.eos_ids,
-                                                             context_length=self.context_length)):
+            for row, event in zip(sampled_rows, sample_rows(sampled_rows, torch.cat(logits), eos_ids=self.eos_ids,
+                                                            context_length=self.context_length)):
                 events.append(event)
                 if event.finished:
                     finished.add(row.request_id)

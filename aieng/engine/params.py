@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from aieng.errors import InvalidRequestError
 
 MAX_STOP_STRINGS = 4  # OpenAI's limit
+MAX_TOP_LOGPROBS = 20  # OpenAI's limit for chat's top_logprobs (its completions allow 5, vLLM 20 on both)
 
 
 GREEDY_BELOW = 1e-5
@@ -29,6 +30,7 @@ class SamplingParams:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False  # keep generating past EOS (benchmarks need a fixed token count)
+    logprobs: int | None = None  # None: none; k: the sampled token's logprob and the k most likely ones
 
     @property
     def greedy(self) -> bool:
@@ -54,6 +56,9 @@ class SamplingParams:
         if len(self.stop) > MAX_STOP_STRINGS:
             raise InvalidRequestError(f"at most {MAX_STOP_STRINGS} stop strings are allowed, got {len(self.stop)}",
                                       param="stop")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
+            raise InvalidRequestError(f"logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {self.logprobs}",
+                                      param="logprobs")
         if any(s == "" for s in self.stop):
             raise InvalidRequestError("stop strings must not be empty", param="stop")
         return self

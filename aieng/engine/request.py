@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from aieng.engine.params import SamplingParams
+from aieng.engine.sampling import TokenLogprobs
 from aieng.errors import AiengError
 
 
@@ -36,6 +37,7 @@ class TokenEvent:
     completion_tokens: int = 0
     error: AiengError | None = None
     token_ids: tuple[int, ...] = ()  # all generated ids, on the finishing event only
+    logprobs: TokenLogprobs | None = None  # this token's, when the request asked for logprobs
 
 
 def error_event(request_id: str, error: AiengError, *, prompt_tokens: int = 0) -> TokenEvent:

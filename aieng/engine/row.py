@@ -17,7 +17,7 @@ import torch
 from aieng.engine.detokenize import IncrementalDetokenizer
 from aieng.engine.request import GenerationRequest, TokenEvent, error_event
 from aieng.errors import AiengError
-from aieng.engine.sampling import new_generator
+from aieng.engine.sampling import TokenLogprobs, new_generator, sample_batch, token_logprobs
 from aieng.engine.stops import StopMatcher
 
 
@@ -55,7 +55,8 @@ class Row:
     def request_id(self) -> str:
         return self.request.request_id
 
-    def advance(self, token: int, *, eos_ids: set[int], context_length: int) -> TokenEvent:
+    def advance(self, token: int, *, eos_ids: set[int], context_length: int,
+                logprobs: TokenLogprobs | None = None) -> TokenEvent:
         """Take the token sampled for this row; return its event (``finished`` when the row is done)."""
         params = self.request.params
         self.generated.append(token)
@@ -82,21 +83,31 @@ class Row:
         return TokenEvent(self.request_id, token, text, finished=finish is not None, finish_reason=finish,
                           finish_cause=cause, prompt_tokens=len(self.request.prompt_ids),
                           completion_tokens=len(self.generated),
-                          token_ids=tuple(self.generated) if finish is not None else ())
+                          token_ids=tuple(self.generated) if finish is not None else (), logprobs=logprobs)
+
+
+def sample_rows(rows: Sequence[Row], logits: torch.Tensor, *, eos_ids: set[int], context_length: int) -> list[TokenEvent]:
+    """One step's tokens for ``rows`` from their ``logits`` [B, V]: sampled, their logprobs where asked
+    for, and each row's event."""
+    params = [row.request.params for row in rows]
+    tokens = sample_batch(logits, params, [row.generator for row in rows], [row.seen for row in rows])
+    return advance_rows(rows, tokens, eos_ids=eos_ids, context_length=context_length,
+                        logprobs=token_logprobs(logits, tokens, params))
 
 
 def advance_rows(rows: Sequence[Row], tokens: Sequence[int | Exception], *, eos_ids: set[int],
-                 context_length: int) -> list[TokenEvent]:
+                 context_length: int, logprobs: Sequence[TokenLogprobs | None] | None = None) -> list[TokenEvent]:
     """Each row's event for its sampled token (``sampling.sample_batch``). A row whose sampling
     raised (the exception stands in for its token) or whose detokenization or stop matching
     raises ends alone with ``RowFailedError``, logged with its trace id; the others carry on."""
     events = []
-    for row, token in zip(rows, tokens):
+    for i, (row, token) in enumerate(zip(rows, tokens)):
         stage = "sampling" if isinstance(token, Exception) else "detokenization"
         try:
             if isinstance(token, Exception):
                 raise token
-            events.append(row.advance(token, eos_ids=eos_ids, context_length=context_length))
+            events.append(row.advance(token, eos_ids=eos_ids, context_length=context_length,
+                                      logprobs=logprobs[i] if logprobs else None))
         except Exception as exc:  # noqa: BLE001 - confined to this row
             log.error("%s failed for one request; failing it alone: %r", stage, exc, exc_info=exc,
                       extra={"event": "engine_row_failed", "stage": stage, "trace_id": row.request.trace_id})

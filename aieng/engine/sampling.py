@@ -7,6 +7,8 @@ row's draws depend only on its own seed and its own logits, never on its batch-m
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from aieng.engine.params import SamplingParams
@@ -74,3 +76,33 @@ def sample_batch(logits: torch.Tensor, params: list[SamplingParams], generators:
         except Exception as exc:  # noqa: BLE001 - this row's failure, reported on this row
             tokens.append(exc)
     return tokens
+
+
+@dataclass(frozen=True)
+class TokenLogprobs:
+    """The sampled token's log-probability and the ``top`` most likely alternatives (id, logprob),
+    under the model's own distribution: before repetition penalty, temperature, top-k and top-p
+    (vLLM's default, "raw" logprobs), so a value means the same whatever the sampling knobs."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+def token_logprobs(logits: torch.Tensor, tokens: list[int | Exception],
+                   params: list[SamplingParams]) -> list[TokenLogprobs | None]:
+    """Logprobs for the rows that asked (``params.logprobs`` is not None), None for the others.
+    One log-softmax and one top-k over the rows that asked, whatever their number."""
+    wanted = [i for i, p in enumerate(params) if p.logprobs is not None and not isinstance(tokens[i], Exception)]
+    out: list[TokenLogprobs | None] = [None] * len(params)
+    if not wanted:
+        return out
+    logprobs = torch.log_softmax(logits[wanted].float(), dim=-1)  # [W, V]
+    chosen = logprobs.gather(1, torch.tensor([[tokens[i]] for i in wanted], device=logprobs.device))[:, 0].tolist()
+    k = min(max(params[i].logprobs for i in wanted), logprobs.shape[-1])
+    top_values, top_ids = (logprobs.topk(k, dim=-1) if k else (logprobs[:, :0], logprobs[:, :0].long()))
+    top_values, top_ids = top_values.tolist(), top_ids.tolist()
+    for row, i in enumerate(wanted):
+        n = params[i].logprobs
+        out[i] = TokenLogprobs(tokens[i], chosen[row], tuple(zip(top_ids[row][:n], top_values[row][:n])))
+    return out

@@ -26,6 +26,8 @@ from aieng.server.http.request_log import log_finished
 from aieng.server.http.schemas import (AssistantMessage, ChatChoice, ChatCompletionRequest, ChatCompletionResponse,
                                        CompletionChoice, CompletionRequest, CompletionResponse, ModelCard, ModelList,
                                        Usage)
+from aieng.server.http.inputs import single_prompt
+from aieng.server.http.logprobs import chat_logprobs, completion_logprobs
 from aieng.server.http.sse import stream_chunks
 from aieng.server.process.canary import pick
 
@@ -130,6 +132,8 @@ async def _respond(runtime, serving, submission, request: Request, body, *, chat
     sample = runtime.settings.log_payload_sample
     response_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
     created = int(time.time())
+    texts = serving.inputs.token_texts if submission.request.params.logprobs is not None else None
+    echo = single_prompt(body.prompt) if not chat and body.echo else ""
     if body.stream:
         include_usage = bool((body.stream_options or {}).get("include_usage"))
 
@@ -137,7 +141,7 @@ async def _respond(runtime, serving, submission, request: Request, body, *, chat
             try:
                 async for chunk in stream_chunks(bridge.events(submission), chat=chat, response_id=response_id,
                                                  created=created, model=runtime.model_name,
-                                                 include_usage=include_usage):
+                                                 include_usage=include_usage, logprobs=texts, echo=echo):
                     yield chunk
             finally:
                 log_finished(submission, route=route, prompt=prompt, payload_sample=sample, served_by=served_by)
@@ -150,14 +154,17 @@ async def _respond(runtime, serving, submission, request: Request, body, *, chat
         return Response(status_code=CLIENT_CLOSED_REQUEST, headers=headers)
     if final.error is not None:
         raise final.error
-    text = "".join(submission.text_parts)
+    text = echo + "".join(submission.text_parts)
     usage = Usage(prompt_tokens=final.prompt_tokens, completion_tokens=final.completion_tokens,
                   total_tokens=final.prompt_tokens + final.completion_tokens)
     if chat:
+        logprobs = chat_logprobs(submission.logprobs, texts) if texts is not None else None
         reply = ChatCompletionResponse(id=response_id, created=created, model=runtime.model_name, usage=usage,
-                                       choices=[ChatChoice(message=AssistantMessage(content=text),
+                                       choices=[ChatChoice(message=AssistantMessage(content=text), logprobs=logprobs,
                                                            finish_reason=final.finish_reason)])
     else:
+        logprobs = completion_logprobs(submission.logprobs, texts, offset=len(echo)) if texts is not None else None
         reply = CompletionResponse(id=response_id, created=created, model=runtime.model_name, usage=usage,
-                                   choices=[CompletionChoice(text=text, finish_reason=final.finish_reason)])
+                                   choices=[CompletionChoice(text=text, logprobs=logprobs,
+                                                             finish_reason=final.finish_reason)])
     return JSONResponse(reply.model_dump(), headers={**headers, "Server-Timing": submission.queued.stats.server_timing()})

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from aieng.engine import GenerationRequest, TokenEvent
 from aieng.engine.request import error_event
+from aieng.engine.sampling import TokenLogprobs
 from aieng.errors import AiengError
 from aieng.scheduler import QueuedRequest, Scheduler
 from aieng.server.http.client_metrics import ClientMetrics
@@ -36,6 +37,7 @@ class Submission:
     submitted: float = field(default_factory=time.perf_counter)
     final: TokenEvent | None = None
     text_parts: list[str] = field(default_factory=list)
+    logprobs: list[TokenLogprobs] = field(default_factory=list)  # when the request asked for them
 
     @property
     def request_id(self) -> str:
@@ -118,6 +120,8 @@ class Bridge:
                 event = await submission.queue.get()
                 submission.metrics.on_event(event, time.perf_counter())
                 submission.text_parts.append(event.text)
+                if event.logprobs is not None:
+                    submission.logprobs.append(event.logprobs)
                 if event.finished:
                     submission.final = event
                 yield event

@@ -21,11 +21,24 @@ def error_response(exc: AiengError, headers: dict | None = None) -> JSONResponse
     return JSONResponse(exc.envelope(), status_code=exc.status, headers=headers)
 
 
+_TYPE_TAGS = {"str", "int", "float", "bool", "none", "list", "dict", "literal"}
+
+
+def _field_path(loc) -> list[str]:
+    """The field's path without pydantic's union-branch tags (``function-after[...]``, ``str``, ``list[str]``)."""
+    return [str(part) for part in loc if part != "body" and not (
+        isinstance(part, str) and ("[" in part or "(" in part or part.lower() in _TYPE_TAGS))]
+
+
 def _describe_validation(exc: RequestValidationError) -> InvalidRequestError:
-    first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
-    loc = [str(part) for part in first.get("loc", ()) if part != "body"]
-    field = ".".join(loc) or None
+    errors = exc.errors() or [{"loc": (), "msg": "invalid request"}]
+    # A union's branches each report an error: our own checks (value_error) say the most, then the
+    # branch that got deepest into the value (a content part's bad "type", not "should be a string").
+    first = max(errors, key=lambda e: (e.get("type") == "value_error", len(_field_path(e.get("loc", ())))))
+    field = ".".join(_field_path(first.get("loc", ()))) or None
     kind = first.get("type", "")
+    if kind == "value_error":
+        first = {**first, "msg": str(first.get("msg", "")).removeprefix("Value error, ")}
     if kind == "missing":
         message = f"missing required field {field!r}"
     elif kind == "json_invalid":

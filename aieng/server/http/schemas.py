@@ -1,26 +1,43 @@
 """Request and response bodies in OpenAI's shapes, so the official clients work unchanged.
 
-Unknown fields are ignored (``extra="ignore"``), as OpenAI's server does; wrong types are turned
-into a 400 naming the field by ``aieng.server.http.errors``. aieng's own extensions are marked.
+Unknown fields are ignored (``extra="ignore"``), as OpenAI's server does. Types are strict, as
+OpenAI's are: ``"stream": "yes"`` or ``"max_tokens": "16"`` is a 400 naming the field (from
+``aieng.server.http.errors``), never coerced; an integer where a number is expected is fine. Text
+must be encodable: JSON can carry a lone UTF-16 surrogate (``"\\ud800"``) that no tokenizer can
+encode, so it is refused here. aieng's own extensions are marked.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+from aieng.engine.params import MAX_TOP_LOGPROBS
+
+
+def _encodable(text: str) -> str:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"text is not valid Unicode: a lone surrogate {text[exc.start:exc.end]!r} "
+                         f"at character {exc.start}") from None
+    return text
+
+
+Text = Annotated[str, AfterValidator(_encodable)]
 
 
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
 
-    model: str
+    model: Text
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0  # extension (vLLM/TGI have it too)
     repetition_penalty: float = 1.0  # extension
     seed: int | None = None
-    stop: str | list[str] | None = None
+    stop: Text | list[Text] | None = None
     stream: bool = False
     stream_options: dict | None = None  # {"include_usage": true} adds a final usage chunk
     n: int = 1
@@ -30,22 +47,32 @@ class _Request(BaseModel):
 
 
 class CompletionRequest(_Request):
-    prompt: str | list[str]
+    prompt: Text | list[Text]
     max_tokens: int = 16
-    echo: bool = False
-    logprobs: int | None = None
+    echo: bool = False  # the prompt's text before the completion's
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)  # OpenAI: <= 5; vLLM: 20
+
+
+class ContentPart(BaseModel):
+    """One part of a message's content. The served models take text: another type is a 400."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    type: Literal["text"]
+    text: Text
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
 
-    role: Literal["system", "user", "assistant"]
-    content: str | list[dict]
+    role: Literal["system", "developer", "user", "assistant"]  # developer: OpenAI's newer name for system
+    content: Text | list[ContentPart]
 
     def text(self) -> str:
-        if isinstance(self.content, str):
-            return self.content
-        return "".join(part.get("text", "") for part in self.content if part.get("type") == "text")
+        return self.content if isinstance(self.content, str) else "".join(part.text for part in self.content)
+
+    def template_role(self) -> str:
+        return "system" if self.role == "developer" else self.role
 
 
 class ChatCompletionRequest(_Request):
@@ -53,6 +80,7 @@ class ChatCompletionRequest(_Request):
     max_tokens: int | None = None
     max_completion_tokens: int | None = None  # OpenAI's newer name for max_tokens
     logprobs: bool | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)  # needs logprobs: true
 
 
 class Usage(BaseModel):
@@ -64,7 +92,7 @@ class Usage(BaseModel):
 class CompletionChoice(BaseModel):
     index: int = 0
     text: str
-    logprobs: None = None
+    logprobs: dict | None = None  # tokens, token_logprobs, top_logprobs, text_offset (logprobs.py)
     finish_reason: str | None
 
 
@@ -85,7 +113,7 @@ class AssistantMessage(BaseModel):
 class ChatChoice(BaseModel):
     index: int = 0
     message: AssistantMessage
-    logprobs: None = None
+    logprobs: dict | None = None  # {"content": [...]} (logprobs.py)
     finish_reason: str | None
 
 

@@ -54,3 +54,72 @@ def test_too_long_prompt_is_a_bad_request_with_the_message(client):
 def test_unknown_model_is_not_found(client):
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="gpt-x", messages=[{"role": "user", "content": "hi"}])
+
+
+def test_completion_logprobs_match_the_text_and_rank_the_chosen_token_first(client, render):
+    out = client.completions.create(model="demo", prompt=render("reverse: apple stone river"), max_tokens=16,
+                                    temperature=0, logprobs=3)
+    choice = out.choices[0]
+    lp = choice.logprobs
+    assert "".join(lp.tokens).startswith(choice.text)  # the EOS token's text (empty or special) may follow
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset)
+    assert len(lp.tokens) == out.usage.completion_tokens
+    assert all(x <= 0 for x in lp.token_logprobs)
+    for token, logprob, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
+        assert len(top) <= 3 and max(top.values()) == pytest.approx(logprob, abs=1e-5)  # greedy: chosen is the best
+        assert top.get(token, logprob) == pytest.approx(logprob, abs=1e-5)
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(len(lp.tokens))]
+
+
+def test_chat_logprobs_streamed_equal_the_whole_reply_s(client):
+    messages = [{"role": "user", "content": "json: name=ana age=31"}]
+    whole = client.chat.completions.create(model="demo", messages=messages, max_tokens=40, temperature=0,
+                                           logprobs=True, top_logprobs=2)
+    content = whole.choices[0].logprobs.content
+    assert "".join(t.token for t in content).startswith(whole.choices[0].message.content)
+    assert bytes(b for t in content for b in t.bytes).decode().startswith(whole.choices[0].message.content)
+    assert all(len(t.top_logprobs) == 2 and t.top_logprobs[0].logprob == pytest.approx(t.logprob, abs=1e-5)
+               for t in content)
+    stream = client.chat.completions.create(model="demo", messages=messages, max_tokens=40, temperature=0,
+                                            logprobs=True, top_logprobs=2, stream=True)
+    streamed = [t for chunk in stream for t in (chunk.choices[0].logprobs.content if chunk.choices[0].logprobs else [])]
+    assert [(t.token, t.bytes) for t in streamed] == [(t.token, t.bytes) for t in content]
+    assert [t.logprob for t in streamed] == pytest.approx([t.logprob for t in content], abs=1e-4)
+
+
+def test_no_logprobs_unless_asked(client):
+    out = client.chat.completions.create(model="demo", messages=[{"role": "user", "content": "add: 2+3"}],
+                                         max_tokens=4, temperature=0)
+    assert out.choices[0].logprobs is None
+
+
+def test_sampled_tokens_logprobs_are_the_models_not_the_temperatures(client, render):
+    """Logprobs are the model's distribution (before temperature): a sampled token's logprob is in the
+    top list whenever it is one of the top tokens, whatever the temperature."""
+    out = client.completions.create(model="demo", prompt=render("reverse: apple stone river"), max_tokens=12,
+                                    temperature=1.5, seed=3, logprobs=5)
+    lp = out.choices[0].logprobs
+    for token, logprob, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
+        assert logprob <= max(top.values()) + 1e-6
+
+
+def test_echo_puts_the_prompt_before_the_completion(client, render):
+    prompt = render("add: 27+58")
+    out = client.completions.create(model="demo", prompt=prompt, max_tokens=4, temperature=0, echo=True)
+    assert out.choices[0].text == prompt + "85"
+    stream = client.completions.create(model="demo", prompt=prompt, max_tokens=4, temperature=0, echo=True, stream=True)
+    assert "".join(c.choices[0].text for c in stream) == prompt + "85"
+
+
+def test_echo_with_logprobs_and_top_logprobs_without_logprobs_are_400s(client, render):
+    with pytest.raises(openai.BadRequestError, match="echo"):
+        client.completions.create(model="demo", prompt=render("add: 2+3"), echo=True, logprobs=1)
+    with pytest.raises(openai.BadRequestError, match="top_logprobs"):
+        client.chat.completions.create(model="demo", messages=[{"role": "user", "content": "add: 2+3"}], top_logprobs=2)
+    with pytest.raises(openai.BadRequestError, match="logprobs"):
+        client.completions.create(model="demo", prompt="add: 2+3", logprobs=21)
+
+
+def test_strict_types_through_the_client(client):
+    with pytest.raises(openai.BadRequestError, match="stream"):
+        client.completions.create(model="demo", prompt="add: 2+3", extra_body={"stream": "yes"})

@@ -1,6 +1,9 @@
 """The walking-skeleton routes, over real HTTP on loopback."""
 
+import json
+
 import httpx
+
 import pytest
 
 
@@ -79,6 +82,47 @@ def test_wrong_types_name_the_field_with_400(client):
     assert error["param"] == "max_tokens" and "max_tokens" in error["message"]
     error = _error(client.post("/v1/completions", json={"model": "demo"}), 400)
     assert error["param"] == "prompt" and "missing" in error["message"]
+
+
+@pytest.mark.parametrize("field,value", [
+    ("stream", "yes"), ("stream", 1), ("max_tokens", "16"), ("max_tokens", 16.0), ("temperature", "0.5"),
+    ("temperature", True), ("seed", "7"), ("echo", "true"), ("stop", 3), ("logprobs", True), ("prompt", 42),
+])
+def test_types_are_strict_as_openai_s(client, field, value):
+    """OpenAI refuses a value of the wrong type instead of coercing it: "yes" is not true, "16" not 16."""
+    error = _error(client.post("/v1/completions", json={"model": "demo", "prompt": "add: 2+3", field: value}), 400)
+    assert error["param"] is not None and error["param"].split(".")[0] == field, error
+
+
+def test_an_integer_is_a_number(client):
+    resp = client.post("/v1/completions", json={"model": "demo", "prompt": "add: 2+3", "max_tokens": 2,
+                                                "temperature": 0, "top_p": 1})
+    assert resp.status_code == 200, resp.text
+
+
+@pytest.mark.parametrize("body", [
+    {"model": "demo", "prompt": "add: 2+3\ud800"},
+    {"model": "demo", "prompt": ["\udfff"]},
+    {"model": "demo", "prompt": "add: 2+3", "stop": ["\ud83d"]},
+    {"model": "demo", "messages": [{"role": "user", "content": "hi \ud800"}]},
+    {"model": "demo", "messages": [{"role": "user", "content": [{"type": "text", "text": "\udc00"}]}]},
+])
+def test_a_lone_surrogate_is_a_400_not_a_tokenizer_crash(client, body):
+    route = "/v1/chat/completions" if "messages" in body else "/v1/completions"
+    raw = json.dumps(body).encode()  # ensure_ascii: the surrogate travels as the escape \\ud800, as a client sends it
+    error = _error(client.post(route, content=raw, headers={"content-type": "application/json"}), 400)
+    assert "surrogate" in error["message"]
+    assert client.get("/health/ready").status_code == 200
+
+
+def test_content_parts_other_than_text_are_refused(client):
+    error = _error(client.post("/v1/chat/completions", json={"model": "demo", "messages": [
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]}), 400)
+    assert error["param"].startswith("messages.0.content")
+    resp = client.post("/v1/chat/completions", json={"model": "demo", "max_tokens": 4, "temperature": 0, "messages": [
+        {"role": "developer", "content": "be brief"},
+        {"role": "user", "content": [{"type": "text", "text": "add: "}, {"type": "text", "text": "27+58"}]}]})
+    assert resp.status_code == 200 and resp.json()["choices"][0]["message"]["content"] == "85", resp.text
 
 
 def test_unknown_fields_are_ignored(client):
