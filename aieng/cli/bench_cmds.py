@@ -81,18 +81,69 @@ def add_parser(sub) -> None:
                                      "then --streams rows decoding while a --join-tokens prompt joins (target: their "
                                      "inter-token p99 <= 2 x the median step). Also the plain batched forward's "
                                      "decode rate at batch 32 (transformers' forward alone) as the hardware reference.")
-    p.add_argument("--model", default=None, metavar="PATH|N[@V]", help="a model folder or a store reference")
-    p.add_argument("--batch", type=int, default=1)
+    _engine_bench_options(p, batch=1, repeats=3)
     p.add_argument("--streams", type=int, default=16)
     p.add_argument("--join-tokens", type=int, default=1000)
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True)
-    p.add_argument("--weight-formats", choices=list(FORMATS), default="auto")
-    p.add_argument("--json", action="store_true")
     p.set_defaults(handler=_context)
+
+    p = kinds.add_parser("grammar", parents=[STORE],
+                         help="constrained decoding: the masks' cost at batch 32, and JSON validity and accuracy "
+                              "free vs constrained",
+                         description="On the engine alone (no HTTP). Cost: --batch rows decode --new-tokens each, free "
+                                     "and under a JSON schema they cannot complete in that budget, alternated, median "
+                                     "over --repeats (target: <= 15%% of decode throughput). Effect (--json-task, on "
+                                     "the demo model): its held-out json prompts free, with json_object and with a "
+                                     "schema per prompt, greedy and sampled at temperature 1.")
+    _engine_bench_options(p, batch=32, repeats=5)
+    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--json-task", action=argparse.BooleanOptionalAction, default=None,
+                   help="measure validity and accuracy on the demo's json prompts (default: on for a model whose "
+                        "name starts with demo)")
+    p.set_defaults(handler=_grammar)
 
 
 FORMATS = ("auto", "float32", "bfloat16")  # as AIENG_WEIGHT_FORMATS
+
+
+def _engine_bench_options(p, *, batch: int, repeats: int) -> None:
+    """What every engine-only benchmark takes: the model, the batch, repeats, the serving settings."""
+    p.add_argument("--model", default=None, metavar="PATH|N[@V]", help="a model folder or a store reference")
+    p.add_argument("--batch", type=int, default=batch)
+    p.add_argument("--repeats", type=int, default=repeats)
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--weight-formats", choices=list(FORMATS), default="auto")
+    p.add_argument("--json", action="store_true")
+
+
+def _grammar(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from aieng.bench.grammar_bench import json_task_report, measure_mask_cost
+    from aieng.engine.engine import Engine, EngineConfig
+
+    loaded, label = load_for_bench(args)
+    config = EngineConfig(compile=args.compile, weight_formats=args.weight_formats, max_rows=max(32, args.batch))
+    engine = Engine(loaded.model, loaded.tokenizer, context_length=loaded.context_length, config=config)
+    with tqdm(total=2 * args.repeats, desc="bench grammar", unit="run", disable=args.json) as bar:
+        engine.warmup(progress=lambda detail: bar.set_postfix_str(detail[:60]))
+        result = {"model": label, "compile": engine.compiled,
+                  "cost": measure_mask_cost(engine, batch=args.batch, new_tokens=args.new_tokens,
+                                            repeats=args.repeats, progress=bar.update).to_dict()}
+    json_task = args.json_task if args.json_task is not None else Path(label).name.startswith("demo")
+    if json_task:
+        result["json_task"] = {f"temperature_{t:g}": json_task_report(engine, temperature=t) for t in (0.0, 1.0)}
+    if args.json:
+        print_json(result)
+        return 0
+    cost = result["cost"]
+    print(f"model {label}, batch {cost['batch']}, {cost['new_tokens']} new tokens per row, median of {cost['repeats']}")
+    print(f"  free         {cost['free_tok_s']:9.1f} tok/s")
+    print(f"  constrained  {cost['constrained_tok_s']:9.1f} tok/s   masks cost {cost['cost_pct']:.1f}% (target <= 15%)")
+    for name, report in result.get("json_task", {}).items():
+        print(f"  {report['prompts']} held-out json prompts, {name.replace('_', ' ')}:")
+        for mode in ("free", "json_object", "json_schema"):
+            print(f"    {mode:12} valid {report[mode]['valid']:6.1%}   accurate {report[mode]['accuracy']:6.1%}")
+    return 0
 
 
 def _context(args: argparse.Namespace) -> int:

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
+from aieng.engine.constraints import ConstraintCompiler
 from aieng.engine.hf_model import pad_token_id, prepare_model, refuse_sliding_window
 from aieng.engine.hf_runner import HFRunner
 from aieng.engine.native_llama import native_support
@@ -70,6 +71,8 @@ class Engine:
         self.context_length = context_length or model_context_length(model)
         self.eos_ids = eos_token_ids(model, tokenizer)
         self.pad_id = pad_token_id(tokenizer, self.eos_ids)
+        self.constraints = ConstraintCompiler(tokenizer, vocab_size=model.config.vocab_size, eos_id=(
+            tokenizer.eos_token_id if tokenizer.eos_token_id in self.eos_ids else min(self.eos_ids)))
         self.runner = self._make_runner(config, replacing, kv_from_replaced)
         self.rows: dict[str, Row] = {}  # every admitted row: prefilling or decoding
         self.prefilling: list[Row] = []  # admitted, prompt not all in the cache yet (FIFO)
@@ -229,7 +232,8 @@ class Engine:
         """A request for the conveniences above, validated here: they are their own front door."""
         ids = prompt if isinstance(prompt, list) else self.encode(prompt)
         validate_request(len(ids), params, self.context_length)
-        return GenerationRequest(request_id, ids, params)
+        matcher = self.constraints.matcher(params.constraint) if params.constraint else None
+        return GenerationRequest(request_id, ids, params, matcher=matcher)
 
     def _admit(self, requests: Sequence[GenerationRequest]) -> list[TokenEvent]:
         events = []

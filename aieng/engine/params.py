@@ -11,6 +11,7 @@ import math
 
 from dataclasses import dataclass
 
+from aieng.engine.constraints import Constraint
 from aieng.errors import InvalidRequestError
 
 MAX_STOP_STRINGS = 4  # OpenAI's limit
@@ -31,6 +32,7 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False  # keep generating past EOS (benchmarks need a fixed token count)
     logprobs: int | None = None  # None: none; k: the sampled token's logprob and the k most likely ones
+    constraint: Constraint | None = None  # the output must match it (constraints.py)
 
     @property
     def greedy(self) -> bool:

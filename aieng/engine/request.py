@@ -23,6 +23,7 @@ class GenerationRequest:
     prompt_ids: list[int]
     params: SamplingParams
     trace_id: str | None = None  # carried into engine-thread log lines
+    matcher: object | None = None  # the grammar matcher of ``params.constraint`` (constraints.py), at its start
 
 
 @dataclass
@@ -32,7 +33,7 @@ class TokenEvent:
     text: str  # the new text (may be empty while a character or a possible stop string is incomplete)
     finished: bool = False
     finish_reason: str | None = None  # "stop" | "length" | "error"
-    finish_cause: str | None = None  # "eos" | "stop_string" | "max_tokens" | "context_limit" | "error"
+    finish_cause: str | None = None  # "eos" | "stop_string" | "grammar" | "max_tokens" | "context_limit" | "error"
     prompt_tokens: int = 0
     completion_tokens: int = 0
     error: AiengError | None = None

@@ -1,8 +1,8 @@
 """One running row: its sampler state, its text so far, and the rule for when it is finished.
 
 A row finishes on the first of: an end-of-sequence token (unless ``ignore_eos``), a stop string,
-``max_tokens``, or the model's context length. Text is released only when it is safe: a
-multi-byte character is never split, and nothing that could still become a stop string is
+its grammar complete (a constrained row), ``max_tokens``, or the model's context length. Text is
+released only when it is safe: a multi-byte character is never split, and nothing that could still become a stop string is
 streamed (see ``stops`` and ``detokenize``).
 """
 
@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from aieng.engine.constraints import mask_logits
 from aieng.engine.detokenize import IncrementalDetokenizer
 from aieng.engine.request import GenerationRequest, TokenEvent, error_event
 from aieng.errors import AiengError
@@ -42,6 +43,7 @@ class Row:
     seen: torch.Tensor | None  # prompt + generated ids, only when repetition_penalty != 1
     generated: list[int] = field(default_factory=list)
     last_token: int = -1
+    matcher: object | None = None  # the grammar matcher when the request is constrained (constraints.py)
 
     @classmethod
     def start(cls, request: GenerationRequest, tokenizer, device: torch.device) -> "Row":
@@ -49,7 +51,8 @@ class Row:
         seen = (torch.tensor(request.prompt_ids, dtype=torch.long, device=device)
                 if params.repetition_penalty != 1.0 else None)
         return cls(request=request, generator=new_generator(params.seed, device),
-                   detokenizer=IncrementalDetokenizer(tokenizer), stops=StopMatcher(params.stop), seen=seen)
+                   detokenizer=IncrementalDetokenizer(tokenizer), stops=StopMatcher(params.stop), seen=seen,
+                   matcher=request.matcher)
 
     @property
     def request_id(self) -> str:
@@ -63,6 +66,11 @@ class Row:
         self.last_token = token
         if self.seen is not None:
             self.seen = torch.cat([self.seen, self.seen.new_tensor([token])])
+        complete = False  # the grammar is complete and admits nothing more
+        if self.matcher is not None:
+            if not self.matcher.consume_token(token):
+                raise RuntimeError(f"the grammar refused token {token} its own mask allowed: {self.matcher.get_error()}")
+            complete = self.matcher.is_stopped()
         finish = cause = None
         if token in eos_ids and not params.ignore_eos:
             text, finish, cause = self.stops.feed(self.detokenizer.flush()), "stop", "eos"
@@ -70,11 +78,13 @@ class Row:
             text = self.stops.feed(self.detokenizer.add(token))
             if self.stops.stopped:
                 finish, cause = "stop", "stop_string"
+            elif complete:
+                finish, cause = "stop", "grammar"
             elif len(self.generated) >= params.max_tokens:
                 finish, cause = "length", "max_tokens"
             elif len(self.request.prompt_ids) + len(self.generated) >= context_length:
                 finish, cause = "length", "context_limit"
-            if cause in ("max_tokens", "context_limit"):  # the last token: release held-back text
+            if cause in ("grammar", "max_tokens", "context_limit"):  # the last token: release held-back text
                 text += self.stops.feed(self.detokenizer.flush())
                 if self.stops.stopped:
                     finish, cause = "stop", "stop_string"
@@ -90,7 +100,8 @@ def sample_rows(rows: Sequence[Row], logits: torch.Tensor, *, eos_ids: set[int],
     """One step's tokens for ``rows`` from their ``logits`` [B, V]: sampled, their logprobs where asked
     for, and each row's event."""
     params = [row.request.params for row in rows]
-    tokens = sample_batch(logits, params, [row.generator for row in rows], [row.seen for row in rows])
+    allowed = mask_logits(logits, [row.matcher for row in rows])  # constrained rows: only what their grammar allows
+    tokens = sample_batch(allowed, params, [row.generator for row in rows], [row.seen for row in rows])
     return advance_rows(rows, tokens, eos_ids=eos_ids, context_length=context_length,
                         logprobs=token_logprobs(logits, tokens, params))
 

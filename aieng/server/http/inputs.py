@@ -9,10 +9,12 @@ request passes before it is queued.
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 
 from aieng.engine import GenerationRequest, SamplingParams, validate_request
 from aieng.engine.chat import chat_ids
+from aieng.engine.constraints import Constraint
 from aieng.engine.token_text import TokenTexts
 from aieng.errors import InvalidRequestError
 from aieng.observability import tracing
@@ -27,6 +29,7 @@ class RequestBuilder:
         self.tokenizer = engine.tokenizer
         self.context_length = engine.context_length
         self.token_texts = TokenTexts(engine.tokenizer)  # token ids -> text and bytes, for logprobs
+        self.constraints = engine.constraints  # grammars, compiled once per constraint
 
     async def completion(self, body: CompletionRequest) -> GenerationRequest:
         if body.echo and body.logprobs is not None:
@@ -55,15 +58,55 @@ class RequestBuilder:
     def _request(self, ids: list[int], body, max_tokens: int, *, logprobs: int | None) -> GenerationRequest:
         params = sampling_params(body, max_tokens, logprobs)
         validate_request(len(ids), params, self.context_length)
+        matcher = self.constraints.matcher(params.constraint) if params.constraint else None  # compiled here, not on the engine thread
         context = tracing.current.get()
-        return GenerationRequest(uuid.uuid4().hex, ids, params, trace_id=context.trace_id if context else None)
+        return GenerationRequest(uuid.uuid4().hex, ids, params, trace_id=context.trace_id if context else None,
+                                 matcher=matcher)
 
 
 def sampling_params(body, max_tokens: int, logprobs: int | None = None) -> SamplingParams:
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
     return SamplingParams(max_tokens=max_tokens, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
                           repetition_penalty=body.repetition_penalty, seed=body.seed, stop=stop,
-                          ignore_eos=body.ignore_eos, logprobs=logprobs)
+                          ignore_eos=body.ignore_eos, logprobs=logprobs, constraint=constraint_of(body))
+
+
+def constraint_of(body) -> Constraint | None:
+    """The one output constraint a request asks for: OpenAI's ``response_format``, or vLLM's
+    ``guided_json`` / ``guided_regex`` / ``guided_choice`` / ``structured_outputs``."""
+    found: list[Constraint] = []
+    fmt = body.response_format
+    if fmt is not None and fmt.type == "json_object":
+        found.append(Constraint("json_object"))
+    elif fmt is not None and fmt.type == "json_schema":
+        if fmt.json_schema is None:
+            raise InvalidRequestError("response_format of type json_schema needs json_schema: {name, schema}",
+                                      param="response_format.json_schema")
+        found.append(Constraint.json_schema(fmt.json_schema.schema_, "response_format.json_schema.schema"))
+    outputs = body.structured_outputs
+    for param, schema, regex, choice in (
+            ("guided", body.guided_json, body.guided_regex, body.guided_choice),
+            ("structured_outputs", *((outputs.json_, outputs.regex, outputs.choice) if outputs else (None,) * 3))):
+        sep = "_" if param == "guided" else "."
+        if schema is not None:
+            found.append(Constraint.json_schema(_schema(schema, f"{param}{sep}json"), f"{param}{sep}json"))
+        if regex is not None:
+            found.append(Constraint("regex", regex, f"{param}{sep}regex"))
+        if choice is not None:
+            found.append(Constraint.choice(choice, f"{param}{sep}choice"))
+    if len(found) > 1:
+        raise InvalidRequestError(f"at most one output constraint per request, got {len(found)}: "
+                                  + ", ".join(c.param for c in found), param=found[1].param)
+    return found[0] if found else None
+
+
+def _schema(schema, param: str):
+    if not isinstance(schema, str):
+        return schema
+    try:
+        return json.loads(schema)
+    except ValueError:
+        raise InvalidRequestError("the JSON schema string is not valid JSON", param=param) from None
 
 
 def single_prompt(prompt: str | list[str]) -> str:

@@ -28,6 +28,34 @@ def _encodable(text: str) -> str:
 Text = Annotated[str, AfterValidator(_encodable)]
 
 
+class JsonSchemaFormat(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True, populate_by_name=True)
+
+    name: str = "schema"
+    schema_: dict | bool = Field(default_factory=dict, alias="schema")
+    strict: bool | None = None  # the output always follows the schema here, strict or not
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI's ``response_format``: ``text`` (free), ``json_object`` (any JSON object) or
+    ``json_schema`` (``{"json_schema": {"name", "schema", "strict"}}``)."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputs(BaseModel):
+    """vLLM's ``structured_outputs``: exactly one of ``json``, ``regex``, ``choice``."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    json_: dict | bool | str | None = Field(default=None, alias="json")
+    regex: Text | None = None
+    choice: list[Text] | None = None
+
+
 class _Request(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
 
@@ -44,6 +72,13 @@ class _Request(BaseModel):
     priority: Literal["interactive", "batch"] = "interactive"  # extension: scheduling class
     timeout: float | None = Field(default=None, gt=0)  # extension: seconds until the request is abandoned
     ignore_eos: bool = False  # extension (as in vLLM): generate exactly max_tokens, for benchmarks
+    response_format: ResponseFormat | None = None
+    # Extensions, as vLLM names them: the output must match a regex, be one of the choices, or
+    # follow a JSON schema (structured_outputs is vLLM's newer form of the three).
+    guided_regex: Text | None = None
+    guided_choice: list[Text] | None = None
+    guided_json: dict | bool | str | None = None
+    structured_outputs: StructuredOutputs | None = None
 
 
 class CompletionRequest(_Request):

@@ -123,3 +123,59 @@ def test_echo_with_logprobs_and_top_logprobs_without_logprobs_are_400s(client, r
 def test_strict_types_through_the_client(client):
     with pytest.raises(openai.BadRequestError, match="stream"):
         client.completions.create(model="demo", prompt="add: 2+3", extra_body={"stream": "yes"})
+
+
+PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+          "required": ["name", "age"], "additionalProperties": False}
+
+
+def test_response_format_json_schema_and_json_object(client):
+    import json
+
+    import jsonschema
+
+    messages = [{"role": "user", "content": "json: name=ana age=31"}]
+    out = client.chat.completions.create(model="demo", messages=messages, max_tokens=40, temperature=0,
+                                         response_format={"type": "json_schema", "json_schema": {
+                                             "name": "person", "schema": PERSON, "strict": True}})
+    assert json.loads(out.choices[0].message.content) == {"name": "ana", "age": 31}
+    # A prompt of another task: the free model answers with digits, the constrained one with JSON.
+    messages = [{"role": "user", "content": "add: 27+58"}]
+    out = client.chat.completions.create(model="demo", messages=messages, max_tokens=60, temperature=0,
+                                         response_format={"type": "json_schema", "json_schema": {
+                                             "name": "person", "schema": PERSON}})
+    jsonschema.validate(json.loads(out.choices[0].message.content), PERSON)
+    out = client.chat.completions.create(model="demo", messages=messages, max_tokens=60, temperature=0,
+                                         response_format={"type": "json_object"})
+    assert out.choices[0].finish_reason == "length" or isinstance(json.loads(out.choices[0].message.content), dict)
+
+
+def test_guided_regex_and_choice_stream_too(client, render):
+    out = client.completions.create(model="demo", prompt=render("add: 27+58"), max_tokens=10, temperature=0,
+                                    extra_body={"guided_regex": "[0-9]{3}"})
+    assert len(out.choices[0].text) == 3 and out.choices[0].text.isdigit()
+    stream = client.completions.create(model="demo", prompt=render("add: 27+58"), max_tokens=10, temperature=0.9,
+                                       stream=True, extra_body={"guided_choice": ["yes", "no"]})
+    chunks = list(stream)
+    assert "".join(c.choices[0].text for c in chunks) in ("yes", "no")
+    assert chunks[-1].choices[0].finish_reason == "stop"
+    out = client.completions.create(model="demo", prompt=render("add: 27+58"), max_tokens=10, temperature=0,
+                                    extra_body={"structured_outputs": {"choice": ["apple", "river"]}})
+    assert out.choices[0].text in ("apple", "river")
+
+
+@pytest.mark.parametrize("extra,param,fragment", [
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "type": "object", "properties": {"a": {"type": "strng"}}}}}}, "response_format.json_schema.schema", "strng"),
+    ({"guided_regex": "([a-z"}, "guided_regex", "regex"),
+    ({"guided_json": "{not json"}, "guided_json", "not valid JSON"),
+    ({"guided_choice": []}, "guided_choice", "non-empty"),
+    ({"guided_regex": "[0-9]", "guided_choice": ["a"]}, "guided_choice", "at most one"),
+    ({"response_format": {"type": "json_schema"}}, "response_format.json_schema", "needs json_schema"),
+    ({"response_format": {"type": "xml"}}, "response_format.type", "json_object"),
+])
+def test_bad_constraints_are_400s_naming_the_problem(client, extra, param, fragment):
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model="demo", prompt="add: 2+3", max_tokens=4, extra_body=extra)
+    error = info.value.body
+    assert error["param"] == param and fragment in error["message"], error
