@@ -91,7 +91,7 @@ def add_parser(sub) -> None:
                               "free vs constrained",
                          description="On the engine alone (no HTTP). Cost: --batch rows decode --new-tokens each, free "
                                      "and under a JSON schema they cannot complete in that budget, alternated, median "
-                                     "over --repeats (target: <= 15%% of decode throughput). Effect (--json-task, on "
+                                     "over --repeats (target: <= 15% of decode throughput). Effect (--json-task, on "
                                      "the demo model): its held-out json prompts free, with json_object and with a "
                                      "schema per prompt, greedy and sampled at temperature 1.")
     _engine_bench_options(p, batch=32, repeats=5)
