@@ -80,6 +80,20 @@ class Settings:
     metrics: bool = _setting(True, "record Prometheus metrics at /metrics (0 only to measure their cost)")
     log_payload_sample: float = _setting(0.0, "share of requests whose prompt and output are logged, in [0, 1]",
                                          kind="rate")
+    guard_checks: str = _setting("empty,repetition", "output guard checks on unconstrained answers, comma-separated: "
+                                                     "empty, repetition, json, blocklist, hook; empty = no guard")
+    guard_action: str = _setting("flag", "flag (pass the answer on, marked with X-Output-Guard and a guard field) | "
+                                         "fallback (replace it with AIENG_GUARD_FALLBACK, finish_reason content_filter)")
+    guard_max_repeats: int = _setting(8, "the repetition check fires when the answer ends in one piece of text "
+                                         "repeated this many times (24 characters at least)")
+    guard_json_prompts: str = _setting("", "the json check: a regex on the prompt; answers to matching prompts must "
+                                           "parse as JSON")
+    guard_blocklist: str = _setting("", "the blocklist check: a file of words or phrases, one per line "
+                                        "(case-insensitive, whole words)")
+    guard_hook: str = _setting("", "the hook check: module:function called with (prompt, text), returning a reason "
+                                   "to refuse the answer or None")
+    guard_fallback: str = _setting("I could not produce a reliable answer to that. Please rephrase or try again.",
+                                   "the reply that replaces a caught answer when AIENG_GUARD_ACTION=fallback")
     admin_token: str = field(default="", repr=False, metadata={  # a secret: never in a repr or a log line
         "help": "bearer token of the admin routes (POST /admin/reload); empty = the routes do not exist",
         "shown": "(empty)"})
@@ -129,7 +143,8 @@ def settings_markdown_table() -> str:
     """The settings table of docs/architecture.md."""
     rows = ["| variable | default | meaning |", "| --- | --- | --- |"]
     for f in fields(Settings):
-        rows.append(f"| `{env_name(f.name)}` | `{default_text(f)}` | {f.metadata['help']} |")
+        meaning = f.metadata['help'].replace('|', '\\|')  # a | in the text is not a column
+        rows.append(f"| `{env_name(f.name)}` | `{default_text(f)}` | {meaning} |")
     return "\n".join(rows)
 
 

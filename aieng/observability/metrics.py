@@ -80,6 +80,9 @@ REQUESTS_FINISHED = Counter("aieng_requests_finished_total", "Generations that f
                             ["finish_reason", "version"])
 EOS_EARLY = Counter("aieng_eos_early_total",
                     "Generations that hit EOS within their first 10 tokens while max_tokens allowed more.", ["version"])
+OUTPUT_GUARD = Counter("aieng_output_guard_total",
+                       "Answers the output guard caught, by check (empty, repetition, json, blocklist, hook) and "
+                       "action (flag: passed on and marked; fallback: replaced).", ["check", "action"])
 
 # -- capacity and resources -----------------------------------------------------------------------
 OOM = Counter("aieng_oom_total", "Engine forwards that ran out of memory and were retried in halves, by phase.",

@@ -28,6 +28,7 @@ from aieng.server.http.schemas import (AssistantMessage, ChatChoice, ChatComplet
                                        Usage)
 from aieng.server.http.inputs import single_prompt
 from aieng.server.http.logprobs import chat_logprobs, completion_logprobs
+from aieng.server.http.output_guard import OutputGuard, record
 from aieng.server.http.sse import stream_chunks
 from aieng.server.process.canary import pick
 
@@ -46,6 +47,7 @@ def create_app(runtime, *, max_body_bytes: int = 1_000_000, body_timeout_s: floa
 
     app = FastAPI(title="aieng", version="0.1.0", docs_url=None, redoc_url=None, lifespan=lifespan)
     app.state.runtime = runtime
+    app.state.guard = OutputGuard.from_settings(runtime.settings)  # None: no check on
     install_error_handlers(app)
 
     @app.get("/health/live")
@@ -124,8 +126,19 @@ def _check_common(runtime, body) -> None:
         raise InvalidRequestError(f"n must be 1, got {body.n}", param="n")
 
 
+def _guarded_text(body, *, chat: bool) -> str:
+    """What the output guard reads as the prompt: a completion's prompt, a chat's last user message."""
+    if not chat:
+        return single_prompt(body.prompt)
+    return next((m.text() for m in reversed(body.messages) if m.role == "user"), "")
+
+
 async def _respond(runtime, serving, submission, request: Request, body, *, chat: bool, prompt):
     bridge = serving.bridge
+    guard, trace_id = request.app.state.guard, request.state.trace.trace_id
+    guard_prompt = _guarded_text(body, chat=chat) if guard is not None else ""
+    # A constrained answer's format is its grammar's; one past EOS on purpose (ignore_eos, benchmarks) has none.
+    constrained = submission.request.params.constraint is not None or submission.request.params.ignore_eos
     headers = {"X-Model-Version": serving.version}  # the version that serves this request, to its end
     served_by = {"model_version": serving.version, "template_version": serving.template.get("version")}
     route = request.url.path
@@ -141,7 +154,9 @@ async def _respond(runtime, serving, submission, request: Request, body, *, chat
             try:
                 async for chunk in stream_chunks(bridge.events(submission), chat=chat, response_id=response_id,
                                                  created=created, model=runtime.model_name,
-                                                 include_usage=include_usage, logprobs=texts, echo=echo):
+                                                 include_usage=include_usage, logprobs=texts, echo=echo,
+                                                 guard=guard, guard_prompt=guard_prompt, constrained=constrained,
+                                                 trace_id=trace_id):
                     yield chunk
             finally:
                 log_finished(submission, route=route, prompt=prompt, payload_sample=sample, served_by=served_by)
@@ -155,16 +170,26 @@ async def _respond(runtime, serving, submission, request: Request, body, *, chat
     if final.error is not None:
         raise final.error
     text = echo + "".join(submission.text_parts)
+    finish_reason = final.finish_reason
+    verdict = guard.check(guard_prompt, text[len(echo):], constrained=constrained) if guard is not None else None
+    if verdict is not None:
+        record(verdict, trace_id=trace_id)
+        headers["X-Output-Guard"] = f"{verdict.check}; action={verdict.action}"
+        if verdict.action == "fallback":
+            text, finish_reason, submission.logprobs = guard.fallback, "content_filter", []
     usage = Usage(prompt_tokens=final.prompt_tokens, completion_tokens=final.completion_tokens,
                   total_tokens=final.prompt_tokens + final.completion_tokens)
     if chat:
         logprobs = chat_logprobs(submission.logprobs, texts) if texts is not None else None
         reply = ChatCompletionResponse(id=response_id, created=created, model=runtime.model_name, usage=usage,
                                        choices=[ChatChoice(message=AssistantMessage(content=text), logprobs=logprobs,
-                                                           finish_reason=final.finish_reason)])
+                                                           finish_reason=finish_reason)])
     else:
         logprobs = completion_logprobs(submission.logprobs, texts, offset=len(echo)) if texts is not None else None
         reply = CompletionResponse(id=response_id, created=created, model=runtime.model_name, usage=usage,
                                    choices=[CompletionChoice(text=text, logprobs=logprobs,
-                                                             finish_reason=final.finish_reason)])
-    return JSONResponse(reply.model_dump(), headers={**headers, "Server-Timing": submission.queued.stats.server_timing()})
+                                                             finish_reason=finish_reason)])
+    content = reply.model_dump()
+    if verdict is not None:
+        content["choices"][0]["guard"] = verdict.field()  # an extension, beside OpenAI's fields
+    return JSONResponse(content, headers={**headers, "Server-Timing": submission.queued.stats.server_timing()})
