@@ -27,17 +27,16 @@ from dataclasses import dataclass
 
 import torch
 
+from aieng.engine.choices import ChoiceGroups
 from aieng.engine.constraints import ConstraintCompiler
 from aieng.engine.hf_model import pad_token_id, prepare_model, refuse_sliding_window
-from aieng.engine.hf_runner import HFRunner
-from aieng.engine.native_llama import native_support
 from aieng.engine.oom import out_of_memory_error
 from aieng.engine.prefill_budget import PrefillBudget
 from aieng.engine.params import GenerationResult, SamplingParams, validate_request
 from aieng.engine.request import GenerationRequest, StepResult, TokenEvent, error_event
 from aieng.engine.row import Row, sample_rows
 from aieng.engine.runner import Chunk
-from aieng.engine.succession import donor_runner
+from aieng.engine.runner_choice import make_runner
 from aieng.model_facts import eos_token_ids, model_context_length
 
 log = logging.getLogger("aieng.engine")
@@ -73,32 +72,14 @@ class Engine:
         self.pad_id = pad_token_id(tokenizer, self.eos_ids)
         self.constraints = ConstraintCompiler(tokenizer, vocab_size=model.config.vocab_size, eos_id=(
             tokenizer.eos_token_id if tokenizer.eos_token_id in self.eos_ids else min(self.eos_ids)))
-        self.runner = self._make_runner(config, replacing, kv_from_replaced)
+        self.runner = make_runner(self.model, config=config, context_length=self.context_length, pad_id=self.pad_id,
+                                  replacing=replacing, kv_from_replaced=kv_from_replaced)
         self.rows: dict[str, Row] = {}  # every admitted row: prefilling or decoding
         self.prefilling: list[Row] = []  # admitted, prompt not all in the cache yet (FIFO)
         self.prefilled: dict[str, int] = {}  # prompt tokens already in the cache, per prefilling row
+        self.choices = ChoiceGroups()  # requests with n > 1: their rows (choices.py)
         self.counts = {"prefill_calls": 0, "decode_steps": 0}
         self.prefill_budget = PrefillBudget(config.prefill_chunk_tokens)  # adapts the chunk to the decode pace
-
-    def _make_runner(self, config: EngineConfig, replacing: "Engine | None", kv_from_replaced: bool):
-        why_not = native_support(self.model) if config.native else "native forward switched off"
-        if why_not is None and config.quantize_int8:
-            why_not = "int8 dynamic quantization replaces the Linear layers the native forward reads"
-        if why_not is None:
-            from aieng.engine.formats import format_plan
-            from aieng.engine.native_runner import NativeRunner
-            from aieng.engine.slots import SlotShape
-
-            donor = donor_runner(replacing, self.model)
-            formats = donor.formats if donor is not None else format_plan(config.weight_formats, self.model)
-            per_token = SlotShape(self.model.config.num_hidden_layers, self.model.config.num_key_value_heads,
-                                  _head_dim(self.model.config), next(self.model.parameters()).dtype).bytes_per_token()
-            budget = config.kv_cache_bytes or per_token * (self.context_length + 1) * config.max_rows
-            return NativeRunner(self.model, context_length=self.context_length, max_rows=config.max_rows,
-                                kv_cache_bytes=budget, formats=formats, compile_layers=config.compile,
-                                graphs_from=donor, cache_from_replaced=kv_from_replaced)
-        log.info("serving with the transformers forward: %s", why_not, extra={"event": "engine_runner"})
-        return HFRunner(self.model, pad_id=self.pad_id, max_rows=config.max_rows, compile=config.compile)
 
     @property
     def compiled(self) -> bool:
@@ -170,8 +151,9 @@ class Engine:
 
     def remove(self, request_ids: Sequence[str]) -> list[str]:
         """Drop rows (cancelled, timed out); returns the ids that were running."""
-        removed = [rid for rid in request_ids if rid in self.rows]
+        removed = [rid for rid in self.choices.rows_of(request_ids) if rid in self.rows]
         if removed:
+            self.choices.drop(removed)
             self._drop(removed)
         return removed
 
@@ -180,6 +162,8 @@ class Engine:
                  max_batch_size: int = 64) -> list[GenerationResult]:
         """Run prompts to completion, at most ``max_batch_size`` rows at a time; results in prompt order."""
         params_list = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
+        if any(p.n != 1 for p in params_list):
+            raise ValueError("generate() returns one result per prompt: n must be 1 (step() serves n > 1)")
         pending = [self._request(f"gen-{i}", p, sp) for i, (p, sp) in enumerate(zip(prompts, params_list))]
         order = [r.request_id for r in pending]
         texts: dict[str, list[str]] = {rid: [] for rid in order}
@@ -237,8 +221,8 @@ class Engine:
 
     def _admit(self, requests: Sequence[GenerationRequest]) -> list[TokenEvent]:
         events = []
-        for request in requests:
-            if len(self.rows) >= self.max_rows:
+        for request in requests:  # rows held, and the other choices of prompts still prefilling
+            if len(self.rows) + sum(r.request.params.n - 1 for r in self.prefilling) + request.params.n > self.max_rows:
                 events.append(self._fail(request, None))
                 continue
             self.runner.admit(request.request_id)
@@ -279,10 +263,11 @@ class Engine:
             if chunk.request_id not in out.failed:
                 self.prefilled[chunk.request_id] += len(chunk.token_ids)
         done = [self.rows[c.request_id] for c in chunks if c.last and c.request_id not in out.failed]
-        sampled_rows, logits = [], []
+        sampled_rows, logits, forks = [], [], []
         if done and out.prefill is not None:
-            sampled_rows += done
-            logits.append(out.prefill)
+            forks, parents = self._fork(done)  # n > 1: the other choices, sampled from their prompt's logits
+            sampled_rows += done + forks
+            logits += [out.prefill, out.prefill[parents]] if forks else [out.prefill]
         if decode_rows:
             keep = [i for i, row in enumerate(decode_rows) if row.request_id not in out.failed]
             sampled_rows += [decode_rows[i] for i in keep]
@@ -294,11 +279,26 @@ class Engine:
                 events.append(event)
                 if event.finished:
                     finished.add(row.request_id)
+        events, doomed = self.choices.publish(events)
+        finished.update(doomed)
         self.prefilling = [row for row in self.prefilling if row not in done and row.request_id not in finished]
-        self.runner.start_decoding([row.request_id for row in done if row.request_id not in finished])
+        self.runner.start_decoding([row.request_id for row in done + forks if row.request_id not in finished])
         if finished:
             self._drop(list(finished))
         return events
+
+    def _fork(self, done: list[Row]) -> tuple[list[Row], list[int]]:
+        """Rows for the other choices of ``done`` rows with n > 1, on copies of their caches; and for
+        each, the position of its prompt's logits among ``done``'s."""
+        forks, parents = [], []
+        for position, parent in enumerate(done):
+            children = self.choices.children(parent.request)
+            if children:
+                self.runner.fork(parent.request_id, [child.request_id for child in children])
+            for child in children:
+                forks.append(self.rows.setdefault(child.request_id, Row.start(child, self.tokenizer, self.device)))
+                parents.append(position)
+        return forks, parents
 
     @torch.inference_mode()  # the batch's tensors are inference tensors (a compiled graph is built for them)
     def _drop(self, request_ids: list[str]) -> None:
@@ -314,6 +314,3 @@ class Engine:
                   extra={"event": "engine_oom", "trace_id": request.trace_id, "prompt_tokens": len(request.prompt_ids)})
         return error_event(request.request_id, out_of_memory_error(), prompt_tokens=len(request.prompt_ids))
 
-
-def _head_dim(config) -> int:
-    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads

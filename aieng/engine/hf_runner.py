@@ -54,6 +54,11 @@ class HFRunner:
     def admit(self, request_id: str) -> None:
         pass
 
+    def fork(self, parent: str, children: Sequence[str]) -> None:
+        """``children`` take ``parent``'s prefilled row: the merge copies it once per child."""
+        _, batch, row = next(j for j in self._joined if j[0] == parent)
+        self._joined += [(child, batch, row) for child in children]
+
     def start_decoding(self, request_ids: Sequence[str]) -> None:
         """Merge the named rows prefilled this step into the batch (one merge per prefill group)."""
         wanted = set(request_ids)

@@ -125,6 +125,11 @@ class NativeRunner:
     def admit(self, request_id: str) -> None:
         self.cache.acquire(request_id)
 
+    def fork(self, parent: str, children: Sequence[str]) -> None:
+        """Rows for ``children`` holding copies of ``parent``'s cache (n > 1 shares the prefill)."""
+        for child in children:
+            self.cache.fork(parent, child)
+
     def start_decoding(self, request_ids: Sequence[str]) -> None:
         for request_id in request_ids:
             self.cache.start_decoding(request_id)

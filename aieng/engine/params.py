@@ -15,6 +15,7 @@ from aieng.engine.constraints import Constraint
 from aieng.errors import InvalidRequestError
 
 MAX_STOP_STRINGS = 4  # OpenAI's limit
+MAX_CHOICES = 16  # n: choices per request (each a row of the batch)
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit for chat's top_logprobs (its completions allow 5, vLLM 20 on both)
 
 
@@ -33,6 +34,7 @@ class SamplingParams:
     ignore_eos: bool = False  # keep generating past EOS (benchmarks need a fixed token count)
     logprobs: int | None = None  # None: none; k: the sampled token's logprob and the k most likely ones
     constraint: Constraint | None = None  # the output must match it (constraints.py)
+    n: int = 1  # choices: rows sharing the prompt's prefill, each sampled on its own (choices.py)
 
     @property
     def greedy(self) -> bool:
@@ -61,6 +63,8 @@ class SamplingParams:
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
             raise InvalidRequestError(f"logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {self.logprobs}",
                                       param="logprobs")
+        if not 1 <= self.n <= MAX_CHOICES:
+            raise InvalidRequestError(f"n must be between 1 and {MAX_CHOICES}, got {self.n}", param="n")
         if any(s == "" for s in self.stop):
             raise InvalidRequestError("stop strings must not be empty", param="stop")
         return self

@@ -3,7 +3,8 @@
 - ``GenerationRequest``: a validated, tokenized request (``params.validate_request`` ran before
   it was queued; the engine does not validate again).
 - ``TokenEvent``: one row's output of one step: the new token and text, and on the last event
-  why the row finished.
+  why the row finished. With ``n`` > 1 a request has a row per choice: ``index`` names the
+  choice, ``choice_finish`` ends it, and ``finished`` is set once, when the last choice ends.
 - ``StepResult``: everything a step produced, events and timings, handed to the scheduler's
   ``update`` (which turns events into deliveries and feeds the observers).
 """
@@ -39,6 +40,8 @@ class TokenEvent:
     error: AiengError | None = None
     token_ids: tuple[int, ...] = ()  # all generated ids, on the finishing event only
     logprobs: TokenLogprobs | None = None  # this token's, when the request asked for logprobs
+    index: int = 0  # the choice this event belongs to (n > 1)
+    choice_finish: str | None = None  # set on the event that ends choice ``index``: its finish reason
 
 
 def error_event(request_id: str, error: AiengError, *, prompt_tokens: int = 0) -> TokenEvent:

@@ -93,7 +93,8 @@ class Row:
         return TokenEvent(self.request_id, token, text, finished=finish is not None, finish_reason=finish,
                           finish_cause=cause, prompt_tokens=len(self.request.prompt_ids),
                           completion_tokens=len(self.generated),
-                          token_ids=tuple(self.generated) if finish is not None else (), logprobs=logprobs)
+                          token_ids=tuple(self.generated) if finish is not None else (), logprobs=logprobs,
+                          choice_finish=finish)
 
 
 def sample_rows(rows: Sequence[Row], logits: torch.Tensor, *, eos_ids: set[int], context_length: int) -> list[TokenEvent]:

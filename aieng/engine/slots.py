@@ -133,6 +133,16 @@ class SlotKVCache:
                 return slot
         raise AiengError(f"all {self.slots} KV cache slots are in use", code="kv_cache_full")
 
+    @torch.inference_mode()
+    def fork(self, parent: str, child: str) -> None:
+        """A new row whose cache is a copy of ``parent``'s (its prompt): one copy of the valid
+        prefix per layer, where a prefill would run the whole model over the prompt again."""
+        source, n = self.slot_of[parent], self.lengths[self.slot_of[parent]]
+        target = self.acquire(child)
+        for t in self.keys + self.values:
+            t[target, :, :n] = t[source, :, :n]
+        self.lengths[target] = n
+
     def start_decoding(self, request_id: str) -> None:
         """The row's prompt is in the cache: move it to slot B and count it among the decoding rows."""
         target = len(self.decoding)

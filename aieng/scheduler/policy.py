@@ -63,6 +63,11 @@ class QueuedRequest:
     def prompt_tokens(self) -> int:
         return len(self.request.prompt_ids)
 
+    @property
+    def rows(self) -> int:
+        """Batch rows the request holds once running: one per choice (``n``)."""
+        return self.request.params.n
+
     def rank(self, now: float, aging_ms: float) -> float:
         waited_ms = (now - self.arrival) * 1000.0
         return PRIORITIES[self.priority] - waited_ms / aging_ms
@@ -111,16 +116,19 @@ class WaitingQueue:
         return sorted(self._items.values(), key=lambda q: (q.rank(now, self.config.aging_ms), q.seq))
 
     def pop_joiners(self, now: float, free_slots: int) -> list[QueuedRequest]:
-        """Remove and return the group to prefill this step (possibly empty)."""
+        """Remove and return the group to prefill this step (possibly empty). ``free_slots`` counts
+        rows: a request with ``n`` choices takes ``n``, and the head waits until its rows are free."""
         if free_slots <= 0 or not self._items:
             return []
         ordered = self.ordered(now)
         head = ordered[0]
+        if head.rows > free_slots:
+            return []
         bucket = self.config.bucket(head.prompt_tokens)
         group = [head]
-        longest = head.prompt_tokens
+        longest, used = head.prompt_tokens, head.rows
         for candidate in ordered[1:]:
-            if len(group) >= free_slots:
+            if used + candidate.rows > free_slots:
                 break
             if self.config.bucket(candidate.prompt_tokens) != bucket:
                 continue
@@ -128,7 +136,7 @@ class WaitingQueue:
             if padded > self.config.max_batch_tokens:
                 break
             group.append(candidate)
-            longest = max(longest, candidate.prompt_tokens)
+            longest, used = max(longest, candidate.prompt_tokens), used + candidate.rows
         for q in group:
             del self._items[q.request_id]
         return group

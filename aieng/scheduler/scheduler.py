@@ -215,7 +215,7 @@ class Scheduler:
         """Rows that may join now: the batch size, or fewer while the engine holds fewer."""
         held = self.capacity() if self.capacity is not None else None
         rows = self.config.max_batch_size if held is None else min(self.config.max_batch_size, held)
-        return rows - len(self.running)
+        return rows - sum(q.rows for q in self.running.values())
 
     def _ready_to_admit(self, now: float) -> bool:
         """An idle engine waits up to max_queue_delay_ms so that a burst prefills together."""

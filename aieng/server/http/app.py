@@ -15,7 +15,7 @@ import uuid
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from aieng.errors import InvalidRequestError, ModelNotFoundError, NotReadyError
+from aieng.errors import ModelNotFoundError, NotReadyError
 from aieng.observability.metrics import serving_version, update_resource_gauges
 from aieng.observability.prom import metrics_text
 from aieng.server.http.admin import install_admin_routes
@@ -122,8 +122,6 @@ def _check_common(runtime, body) -> None:
     if body.model.split("@", 1)[0] != runtime.model_name:  # a version after @ is checked by canary.pick
         raise ModelNotFoundError(f"model {body.model!r} is not served here; this server serves {runtime.model_name!r}",
                                  param="model")
-    if body.n != 1:
-        raise InvalidRequestError(f"n must be 1, got {body.n}", param="n")
 
 
 def _guarded_text(body, *, chat: bool) -> str:
@@ -156,7 +154,7 @@ async def _respond(runtime, serving, submission, request: Request, body, *, chat
                                                  created=created, model=runtime.model_name,
                                                  include_usage=include_usage, logprobs=texts, echo=echo,
                                                  guard=guard, guard_prompt=guard_prompt, constrained=constrained,
-                                                 trace_id=trace_id):
+                                                 trace_id=trace_id, n=submission.request.params.n):
                     yield chunk
             finally:
                 log_finished(submission, route=route, prompt=prompt, payload_sample=sample, served_by=served_by)
@@ -169,27 +167,29 @@ async def _respond(runtime, serving, submission, request: Request, body, *, chat
         return Response(status_code=CLIENT_CLOSED_REQUEST, headers=headers)
     if final.error is not None:
         raise final.error
-    text = echo + "".join(submission.text_parts)
-    finish_reason = final.finish_reason
-    verdict = guard.check(guard_prompt, text[len(echo):], constrained=constrained) if guard is not None else None
-    if verdict is not None:
-        record(verdict, trace_id=trace_id)
-        headers["X-Output-Guard"] = f"{verdict.check}; action={verdict.action}"
-        if verdict.action == "fallback":
-            text, finish_reason, submission.logprobs = guard.fallback, "content_filter", []
     usage = Usage(prompt_tokens=final.prompt_tokens, completion_tokens=final.completion_tokens,
                   total_tokens=final.prompt_tokens + final.completion_tokens)
-    if chat:
-        logprobs = chat_logprobs(submission.logprobs, texts) if texts is not None else None
-        reply = ChatCompletionResponse(id=response_id, created=created, model=runtime.model_name, usage=usage,
-                                       choices=[ChatChoice(message=AssistantMessage(content=text), logprobs=logprobs,
-                                                           finish_reason=finish_reason)])
-    else:
-        logprobs = completion_logprobs(submission.logprobs, texts, offset=len(echo)) if texts is not None else None
-        reply = CompletionResponse(id=response_id, created=created, model=runtime.model_name, usage=usage,
-                                   choices=[CompletionChoice(text=text, logprobs=logprobs,
-                                                             finish_reason=finish_reason)])
-    content = reply.model_dump()
-    if verdict is not None:
-        content["choices"][0]["guard"] = verdict.field()  # an extension, beside OpenAI's fields
+    choices = []
+    for index in range(submission.request.params.n):
+        text, finish_reason = "".join(submission.texts.get(index, [])), submission.finishes.get(index)
+        items = submission.logprobs.get(index, [])
+        verdict = guard.check(guard_prompt, text, constrained=constrained) if guard is not None else None
+        if verdict is not None:
+            record(verdict, trace_id=trace_id)
+            headers.setdefault("X-Output-Guard", f"{verdict.check}; action={verdict.action}")
+            if verdict.action == "fallback":
+                text, finish_reason, items = guard.fallback, "content_filter", []
+        if chat:
+            choice = ChatChoice(index=index, message=AssistantMessage(content=text), finish_reason=finish_reason,
+                                logprobs=chat_logprobs(items, texts) if texts is not None else None).model_dump()
+        else:
+            logprobs = completion_logprobs(items, texts, offset=len(echo)) if texts is not None else None
+            choice = CompletionChoice(index=index, text=echo + text, logprobs=logprobs,
+                                      finish_reason=finish_reason).model_dump()
+        if verdict is not None:
+            choice["guard"] = verdict.field()  # an extension, beside OpenAI's fields
+        choices.append(choice)
+    kind = ChatCompletionResponse if chat else CompletionResponse
+    content = kind(id=response_id, created=created, model=runtime.model_name, usage=usage, choices=[]).model_dump()
+    content["choices"] = choices
     return JSONResponse(content, headers={**headers, "Server-Timing": submission.queued.stats.server_timing()})

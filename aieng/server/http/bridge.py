@@ -36,8 +36,14 @@ class Submission:
     metrics: ClientMetrics
     submitted: float = field(default_factory=time.perf_counter)
     final: TokenEvent | None = None
-    text_parts: list[str] = field(default_factory=list)
-    logprobs: list[TokenLogprobs] = field(default_factory=list)  # when the request asked for them
+    texts: dict[int, list[str]] = field(default_factory=dict)  # choice index -> its text, piece by piece
+    logprobs: dict[int, list[TokenLogprobs]] = field(default_factory=dict)  # when the request asked for them
+    finishes: dict[int, str] = field(default_factory=dict)  # choice index -> its finish reason
+
+    @property
+    def text_parts(self) -> list[str]:
+        """The first choice's text (the only one unless n > 1)."""
+        return self.texts.get(0, [])
 
     @property
     def request_id(self) -> str:
@@ -119,9 +125,11 @@ class Bridge:
             while True:
                 event = await submission.queue.get()
                 submission.metrics.on_event(event, time.perf_counter())
-                submission.text_parts.append(event.text)
+                submission.texts.setdefault(event.index, []).append(event.text)
                 if event.logprobs is not None:
-                    submission.logprobs.append(event.logprobs)
+                    submission.logprobs.setdefault(event.index, []).append(event.logprobs)
+                if event.choice_finish is not None:
+                    submission.finishes[event.index] = event.choice_finish
                 if event.finished:
                     submission.final = event
                 yield event

@@ -28,7 +28,7 @@ class ClientMetrics:
     def on_event(self, event: TokenEvent, now: float) -> None:
         if not self.enabled:
             return
-        if event.token_id is not None:
+        if event.token_id is not None and event.index == 0:  # with n > 1, the first choice's pace is the stream's
             if self._previous is None:
                 ttft = now - self.submitted
                 metrics.TIME_TO_FIRST_TOKEN.labels(priority=self.priority, version=self.version).observe(ttft)
@@ -36,7 +36,7 @@ class ClientMetrics:
                 self._gaps.append(now - self._previous)
                 if len(self._gaps) >= ITL_FLUSH_EVERY:
                     self.flush()
-        self._previous = now
+            self._previous = now
         if event.finished:
             metrics.record_finished(event, max_tokens=self.max_tokens, version=self.version)
 

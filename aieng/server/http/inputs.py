@@ -30,6 +30,7 @@ class RequestBuilder:
         self.context_length = engine.context_length
         self.token_texts = TokenTexts(engine.tokenizer)  # token ids -> text and bytes, for logprobs
         self.constraints = engine.constraints  # grammars, compiled once per constraint
+        self.max_rows = engine.max_rows  # n choices take n rows: never more than the batch holds
 
     async def completion(self, body: CompletionRequest) -> GenerationRequest:
         if body.echo and body.logprobs is not None:
@@ -58,6 +59,9 @@ class RequestBuilder:
     def _request(self, ids: list[int], body, max_tokens: int, *, logprobs: int | None) -> GenerationRequest:
         params = sampling_params(body, max_tokens, logprobs)
         validate_request(len(ids), params, self.context_length)
+        if params.n > self.max_rows:
+            raise InvalidRequestError(f"n must be at most {self.max_rows} here: each choice is a row of the batch "
+                                      f"and this server runs {self.max_rows}", param="n")
         matcher = self.constraints.matcher(params.constraint) if params.constraint else None  # compiled here, not on the engine thread
         context = tracing.current.get()
         return GenerationRequest(uuid.uuid4().hex, ids, params, trace_id=context.trace_id if context else None,
@@ -68,7 +72,7 @@ def sampling_params(body, max_tokens: int, logprobs: int | None = None) -> Sampl
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
     return SamplingParams(max_tokens=max_tokens, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
                           repetition_penalty=body.repetition_penalty, seed=body.seed, stop=stop,
-                          ignore_eos=body.ignore_eos, logprobs=logprobs, constraint=constraint_of(body))
+                          ignore_eos=body.ignore_eos, logprobs=logprobs, constraint=constraint_of(body), n=body.n)
 
 
 def constraint_of(body) -> Constraint | None:

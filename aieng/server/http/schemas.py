@@ -68,7 +68,7 @@ class _Request(BaseModel):
     stop: Text | list[Text] | None = None
     stream: bool = False
     stream_options: dict | None = None  # {"include_usage": true} adds a final usage chunk
-    n: int = 1
+    n: int = 1  # choices, sharing the prompt's prefill (at most MAX_CHOICES, and the server's batch)
     priority: Literal["interactive", "batch"] = "interactive"  # extension: scheduling class
     timeout: float | None = Field(default=None, gt=0)  # extension: seconds until the request is abandoned
     ignore_eos: bool = False  # extension (as in vLLM): generate exactly max_tokens, for benchmarks

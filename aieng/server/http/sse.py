@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 
 from aieng.observability import metrics
 from aieng.engine import TokenEvent
@@ -20,65 +21,71 @@ def sse(data: dict | str) -> str:
 async def stream_chunks(events: AsyncIterator[TokenEvent], *, chat: bool, response_id: str, created: int,
                         model: str, include_usage: bool, logprobs: TokenTexts | None = None,
                         echo: str = "", guard: OutputGuard | None = None, guard_prompt: str = "",
-                        constrained: bool = False, trace_id: str | None = None) -> AsyncIterator[str]:
+                        constrained: bool = False, trace_id: str | None = None, n: int = 1) -> AsyncIterator[str]:
     """Turn engine events into OpenAI chunks. Errors mid-stream become an ``error`` chunk.
 
     ``logprobs``: the tokenizer's token texts when the request asked for logprobs (each chunk then
     carries those of the tokens since the previous chunk); ``echo``: a completion's prompt, sent
     first. ``guard``: the output guard; the blocklist and hook look at the text before each chunk
-    leaves (a hit, with ``fallback``, ends the stream with ``content_filter`` instead of that
-    chunk); the answer's format is judged at the end, and can only be flagged there."""
+    leaves (a hit, with ``fallback``, ends that choice with ``content_filter`` instead of that
+    chunk); the answer's format is judged at the end, and can only be flagged there. ``n``
+    choices stream interleaved, each chunk naming its ``index``."""
     kind = "chat.completion.chunk" if chat else "text_completion"
     base = {"id": response_id, "object": kind, "created": created, "model": model}
     last: TokenEvent | None = None
-    pending: list[TokenLogprobs] = []  # logprobs of tokens whose text is not sent yet
-    offset = len(echo)  # completions' text_offset of the next token
-    if chat:
-        yield sse({**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                        "logprobs": None, "finish_reason": None}]})
-    elif echo:
-        yield sse({**base, "choices": [{"index": 0, "text": echo, "logprobs": None, "finish_reason": None}]})
-    sent, verdict = "", None  # the answer's text so far; the guard's verdict once one fired
+    choices = [_ChoiceStream(offset=len(echo)) for _ in range(n)]
+    for index in range(n):
+        if chat:
+            yield sse({**base, "choices": [{"index": index, "delta": {"role": "assistant", "content": ""},
+                                            "logprobs": None, "finish_reason": None}]})
+        elif echo:
+            yield sse({**base, "choices": [{"index": index, "text": echo, "logprobs": None, "finish_reason": None}]})
     async for event in events:
         last = event
         if event.error is not None:  # the status line is long gone: report the error in the stream
             metrics.count_error(event.error.code)
             yield sse(event.error.envelope())
             break
-        if event.logprobs is not None:
-            pending.append(event.logprobs)
-        if not event.text and not event.finished:
+        state = choices[event.index]
+        if state.withheld:  # the guard ended this choice; the others go on
             continue
-        finish = event.finish_reason if event.finished else None
+        if event.logprobs is not None:
+            state.pending.append(event.logprobs)
+        if not event.text and event.choice_finish is None:
+            continue
+        finish = event.choice_finish
         fired = None
-        if guard is not None and verdict is None:
-            fired = guard.check_partial(guard_prompt, sent + event.text)
-            if fired is None and event.finished:
-                found = guard.check(guard_prompt, sent + event.text, constrained=constrained)
+        if guard is not None and state.verdict is None:
+            fired = guard.check_partial(guard_prompt, state.sent + event.text)
+            if fired is None and finish is not None:
+                found = guard.check(guard_prompt, state.sent + event.text, constrained=constrained)
                 fired = found and Verdict(found.check, found.reason, "flag")  # sent already: it can only be marked
             if fired is not None:
-                verdict = fired
+                state.verdict = fired
                 record(fired, trace_id=trace_id)
-                if fired.action == "fallback":  # withhold this chunk and end the stream
+                if fired.action == "fallback":  # withhold this chunk and end the choice
+                    state.withheld = True
                     delta = {"delta": {}} if chat else {"text": ""}
-                    yield sse({**base, "choices": [{"index": 0, **delta, "logprobs": None,
+                    yield sse({**base, "choices": [{"index": event.index, **delta, "logprobs": None,
                                                     "finish_reason": "content_filter", "guard": fired.field()}]})
-                    await events.aclose()  # cancels the request: its tokens would go nowhere
-                    break
-        sent += event.text
+                    if all(c.withheld for c in choices):
+                        await events.aclose()  # cancels the request: its tokens would go nowhere
+                        break
+                    continue
+        state.sent += event.text
         chosen = None
-        if logprobs is not None and pending:
+        if logprobs is not None and state.pending:
             if chat:
-                chosen = chat_logprobs(pending, logprobs)
+                chosen = chat_logprobs(state.pending, logprobs)
             else:
-                chosen = completion_logprobs(pending, logprobs, offset=offset)
-                offset = chosen["text_offset"][-1] + len(chosen["tokens"][-1])
-            pending = []
+                chosen = completion_logprobs(state.pending, logprobs, offset=state.offset)
+                state.offset = chosen["text_offset"][-1] + len(chosen["tokens"][-1])
+            state.pending = []
         if chat:
             delta = {"content": event.text} if event.text else {}
-            choice = {"index": 0, "delta": delta, "logprobs": chosen, "finish_reason": finish}
+            choice = {"index": event.index, "delta": delta, "logprobs": chosen, "finish_reason": finish}
         else:
-            choice = {"index": 0, "text": event.text, "logprobs": chosen, "finish_reason": finish}
+            choice = {"index": event.index, "text": event.text, "logprobs": chosen, "finish_reason": finish}
         if fired is not None:
             choice["guard"] = fired.field()
         yield sse({**base, "choices": [choice]})
@@ -87,3 +94,14 @@ async def stream_chunks(events: AsyncIterator[TokenEvent], *, chat: bool, respon
                  "total_tokens": last.prompt_tokens + last.completion_tokens}
         yield sse({**base, "choices": [], "usage": usage})
     yield sse("[DONE]")
+
+
+@dataclass
+class _ChoiceStream:
+    """One choice's state in a stream."""
+
+    offset: int = 0  # completions' text_offset of its next token
+    sent: str = ""  # its text so far
+    pending: list[TokenLogprobs] = field(default_factory=list)  # logprobs of tokens whose text is not sent yet
+    verdict: Verdict | None = None  # the guard's, once one fired
+    withheld: bool = False  # the guard ended it (fallback)

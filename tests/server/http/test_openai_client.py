@@ -179,3 +179,31 @@ def test_bad_constraints_are_400s_naming_the_problem(client, extra, param, fragm
         client.completions.create(model="demo", prompt="add: 2+3", max_tokens=4, extra_body=extra)
     error = info.value.body
     assert error["param"] == param and fragment in error["message"], error
+
+
+def test_n_choices_whole_and_streamed(client, render):
+    out = client.completions.create(model="demo", prompt=render("add: 27+58"), max_tokens=8, temperature=1.5, seed=11,
+                                    n=3, logprobs=1)
+    assert [c.index for c in out.choices] == [0, 1, 2]
+    assert all(c.finish_reason in ("stop", "length") and c.logprobs.tokens for c in out.choices)
+    tokens = sum(len(c.logprobs.tokens) for c in out.choices)
+    assert out.usage.completion_tokens == tokens  # usage counts every choice's tokens
+    stream = client.chat.completions.create(model="demo", messages=[{"role": "user", "content": "add: 27+58"}],
+                                            max_tokens=8, temperature=0, n=2, stream=True,
+                                            stream_options={"include_usage": True})
+    texts: dict[int, str] = {}
+    finishes: dict[int, str] = {}
+    chunks = list(stream)
+    for chunk in chunks:
+        for choice in chunk.choices:
+            texts[choice.index] = texts.get(choice.index, "") + (choice.delta.content or "")
+            if choice.finish_reason:
+                finishes[choice.index] = choice.finish_reason
+    assert texts == {0: "85", 1: "85"} and finishes == {0: "stop", 1: "stop"}
+    assert chunks[-1].usage.completion_tokens >= 4
+
+
+def test_n_beyond_the_limits_is_a_400(client):
+    for n, fragment in ((0, "between 1 and 16"), (17, "between 1 and 16")):
+        with pytest.raises(openai.BadRequestError, match=fragment):
+            client.completions.create(model="demo", prompt="add: 2+3", max_tokens=2, n=n)

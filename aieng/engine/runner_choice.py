@@ -1,0 +1,43 @@
+"""Which runner serves a model: the native Llama-family forward where it can, else transformers'.
+
+The native runner (static slot cache, chunked prefill, weight formats, a compiled decoder layer)
+serves the Llama family unless it is switched off or int8 quantization replaced the Linear layers
+it reads; every other causal LM gets ``HFRunner``. A hot swap's successor takes its format plan
+and compiled graphs from the engine it replaces (``succession.donor_runner``).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from aieng.engine.hf_runner import HFRunner
+from aieng.engine.native_llama import native_support
+from aieng.engine.succession import donor_runner
+
+log = logging.getLogger("aieng.engine")
+
+
+def make_runner(model, *, config, context_length: int, pad_id: int, replacing=None, kv_from_replaced: bool = False):
+    """``config``: the engine's ``EngineConfig``; ``replacing``: the engine a hot swap replaces."""
+    why_not = native_support(model) if config.native else "native forward switched off"
+    if why_not is None and config.quantize_int8:
+        why_not = "int8 dynamic quantization replaces the Linear layers the native forward reads"
+    if why_not is None:
+        from aieng.engine.formats import format_plan
+        from aieng.engine.native_runner import NativeRunner
+        from aieng.engine.slots import SlotShape
+
+        donor = donor_runner(replacing, model)
+        formats = donor.formats if donor is not None else format_plan(config.weight_formats, model)
+        per_token = SlotShape(model.config.num_hidden_layers, model.config.num_key_value_heads,
+                              head_dim(model.config), next(model.parameters()).dtype).bytes_per_token()
+        budget = config.kv_cache_bytes or per_token * (context_length + 1) * config.max_rows
+        return NativeRunner(model, context_length=context_length, max_rows=config.max_rows,
+                            kv_cache_bytes=budget, formats=formats, compile_layers=config.compile,
+                            graphs_from=donor, cache_from_replaced=kv_from_replaced)
+    log.info("serving with the transformers forward: %s", why_not, extra={"event": "engine_runner"})
+    return HFRunner(model, pad_id=pad_id, max_rows=config.max_rows, compile=config.compile)
+
+
+def head_dim(config) -> int:
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
