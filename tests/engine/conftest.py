@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from aieng.engine import Engine, EngineConfig
+
 from aieng.engine.chat import user_prompt
 
 
@@ -38,3 +40,20 @@ def render(demo):
     _, tokenizer = demo
 
     return lambda message: user_prompt(tokenizer, message)
+
+
+@pytest.fixture(params=[EngineConfig(compile=False), EngineConfig(compile=False, native=False)], ids=["native", "hf"])
+def engine(request, demo):
+    """An eager engine on the demo model, once per runner: the native forward and transformers'."""
+    model, tokenizer = demo
+    return Engine(model, tokenizer, config=request.param)
+
+
+def run_until_idle(engine, requests, *, after_first=None):
+    """Every event until all rows finish; ``after_first(engine)`` runs once the rows are in."""
+    events = engine.step(requests).events
+    if after_first is not None:
+        after_first(engine)
+    while engine.num_running:
+        events += engine.step().events
+    return events

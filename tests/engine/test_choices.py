@@ -1,25 +1,11 @@
 """n > 1: choices share their prompt's prefill, each samples on its own, and the request is one
 request to whoever drives the engine (one finishing event, tokens summed, cancelled as one)."""
 
-import pytest
 
-from aieng.engine import Engine, EngineConfig, GenerationRequest, SamplingParams
+from aieng.engine import GenerationRequest, SamplingParams
 from aieng.scheduler.policy import QueuedRequest, SchedulerConfig, WaitingQueue
 
-
-@pytest.fixture(params=[EngineConfig(compile=False), EngineConfig(compile=False, native=False)], ids=["native", "hf"])
-def engine(request, demo):
-    model, tokenizer = demo
-    return Engine(model, tokenizer, config=request.param)
-
-
-def run(engine, requests, *, after_first=None):
-    events = engine.step(requests).events
-    if after_first is not None:
-        after_first(engine)
-    while engine.num_running:
-        events += engine.step().events
-    return events
+from .conftest import run_until_idle
 
 
 def texts_by_choice(events, request_id):
@@ -34,7 +20,7 @@ def test_greedy_choices_are_the_single_answer_and_the_prompt_is_prefilled_once(e
     prompt = engine.encode(render("reverse: apple stone river"))
     single = engine.generate([prompt], SamplingParams(max_tokens=12, temperature=0))[0]
     calls = engine.counts["prefill_calls"]
-    events = run(engine, [GenerationRequest("r", prompt, SamplingParams(max_tokens=12, temperature=0, n=3))])
+    events = run_until_idle(engine, [GenerationRequest("r", prompt, SamplingParams(max_tokens=12, temperature=0, n=3))])
     assert engine.counts["prefill_calls"] == calls + 1  # one prefill for three choices
     assert texts_by_choice(events, "r") == {0: single.text, 1: single.text, 2: single.text}
     finished = [e for e in events if e.finished]
@@ -49,7 +35,7 @@ def test_each_sampled_choice_is_the_request_with_its_own_seed(engine, render):
     params = SamplingParams(max_tokens=10, temperature=1.5, seed=40)
     alone = [engine.generate([prompt], SamplingParams(max_tokens=10, temperature=1.5, seed=40 + i))[0].text
              for i in range(4)]
-    events = run(engine, [GenerationRequest("r", prompt, SamplingParams(**{**params.__dict__, "n": 4})),
+    events = run_until_idle(engine, [GenerationRequest("r", prompt, SamplingParams(**{**params.__dict__, "n": 4})),
                           GenerationRequest("mate", engine.encode(render("sort: river apple")),
                                             SamplingParams(max_tokens=8, temperature=0))])
     assert texts_by_choice(events, "r") == dict(enumerate(alone))
@@ -73,7 +59,7 @@ def test_a_failing_choice_fails_the_request_and_frees_its_siblings(engine, rende
     def break_one(engine):
         engine.rows["r#1"].detokenizer.add = lambda token: (_ for _ in ()).throw(RuntimeError("injected"))
 
-    events = run(engine, [request], after_first=break_one)
+    events = run_until_idle(engine, [request], after_first=break_one)
     final = [e for e in events if e.finished]
     assert len(final) == 1 and final[0].error is not None and final[0].request_id == "r"
     assert not engine.rows and not engine.choices.groups

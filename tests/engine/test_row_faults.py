@@ -5,27 +5,18 @@ parameters): nothing a client can send raises there any more (a temperature of 1
 used to overflow the draw and fail the whole batch, is greedy now, tested below).
 """
 
-import pytest
 
-from aieng.engine import Engine, EngineConfig, GenerationRequest, SamplingParams
+from aieng.engine import GenerationRequest, SamplingParams
 from aieng.engine import sampling
+
+from .conftest import run_until_idle
 
 PROMPTS = ["reverse: egg fish gold", "add: 12+30", "sort: tree king"]
 
 
-@pytest.fixture(params=[EngineConfig(compile=False), EngineConfig(compile=False, native=False)], ids=["native", "hf"])
-def engine(request, demo):
-    model, tokenizer = demo
-    return Engine(model, tokenizer, config=request.param)
-
-
 def run(engine, requests, *, sabotage=None):
-    """Every event until all rows finish; ``sabotage(engine)`` runs once the rows are in."""
-    events = engine.step(requests).events
-    if sabotage is not None:
-        sabotage(engine)
-    while engine.num_running:
-        events += engine.step().events
+    """The finishing event of each request, and every event."""
+    events = run_until_idle(engine, requests, after_first=sabotage)
     return {e.request_id: e for e in events if e.finished}, events
 
 
