@@ -1,7 +1,6 @@
 """n > 1: choices share their prompt's prefill, each samples on its own, and the request is one
 request to whoever drives the engine (one finishing event, tokens summed, cancelled as one)."""
 
-
 from aieng.engine import GenerationRequest, SamplingParams
 from aieng.scheduler.policy import QueuedRequest, SchedulerConfig, WaitingQueue
 

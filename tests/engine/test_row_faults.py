@@ -5,7 +5,6 @@ parameters): nothing a client can send raises there any more (a temperature of 1
 used to overflow the draw and fail the whole batch, is greedy now, tested below).
 """
 
-
 from aieng.engine import GenerationRequest, SamplingParams
 from aieng.engine import sampling
 
