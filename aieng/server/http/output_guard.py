@@ -40,6 +40,7 @@ log = logging.getLogger("aieng.server")
 
 CHECKS = ("empty", "repetition", "json", "blocklist", "hook")
 FORMAT_CHECKS = ("empty", "repetition", "json")
+MAX_REPEATED_UNIT = 32  # characters in the repeating piece, at most
 MIN_REPEATED_CHARS = 24  # "----------" under a heading is not a loop; 24 characters of one piece over and over is
 ACTIONS = ("flag", "fallback")
 
@@ -63,7 +64,7 @@ class OutputGuard:
             raise ValueError(f"output guard: unknown check(s) {sorted(unknown)} or action {action!r}; "
                              f"checks are {', '.join(CHECKS)}, actions {', '.join(ACTIONS)}")
         self.checks, self.action, self.fallback = checks, action, fallback
-        self.repeat = re.compile(r"(.{1,32}?)\1{%d,}\s*$" % (max_repeats - 1), re.DOTALL) if max_repeats > 1 else None
+        self.max_repeats = max_repeats
         self.json_prompts = re.compile(json_prompts) if json_prompts else None
         words = [re.escape(w.strip()) for w in blocklist if w.strip()]
         self.blocked = re.compile(r"\b(?:%s)\b" % "|".join(words), re.IGNORECASE) if words else None
@@ -117,13 +118,19 @@ class OutputGuard:
         return "the answer is empty" if not text.strip() else None
 
     def _repetition(self, prompt: str, text: str) -> str | None:
-        found = self.repeat.search(text) if self.repeat else None
-        if found is None:
+        if self.max_repeats < 2:
             return None
-        run = len(found.group(0).rstrip())
-        if run < MIN_REPEATED_CHARS:
-            return None
-        return f"the answer ends in {found.group(1)!r} repeated {run // len(found.group(1))} times"
+        tail = text.rstrip()
+        for size in range(1, MAX_REPEATED_UNIT + 1):  # 32 slice comparisons at most: cheap on the event loop
+            unit = tail[-size:]
+            need = max(self.max_repeats, -(-MIN_REPEATED_CHARS // size))
+            if len(tail) < size * need or tail[-size * need:] != unit * need:
+                continue
+            count, start = need, len(tail) - size * need
+            while start >= size and tail[start - size:start] == unit:
+                count, start = count + 1, start - size
+            return f"the answer ends in {unit!r} repeated {count} times"
+        return None
 
     def _json(self, prompt: str, text: str) -> str | None:
         if self.json_prompts is None or not self.json_prompts.search(prompt):
