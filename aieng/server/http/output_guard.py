@@ -127,9 +127,9 @@ class OutputGuard:
             if len(tail) < size * need or tail[-size * need:] != unit * need:
                 continue
             count, start = need, len(tail) - size * need
-            while start >= size and tail[start - size:start] == unit:
+            while start >= size and tail[start - size:start] == unit and count < 1000:  # counted up to 1,000
                 count, start = count + 1, start - size
-            return f"the answer ends in {unit!r} repeated {count} times"
+            return f"the answer ends in {unit!r} repeated {count}{'+' if count == 1000 else ''} times"
         return None
 
     def _json(self, prompt: str, text: str) -> str | None:
