@@ -37,6 +37,7 @@ from aieng.engine.request import GenerationRequest, StepResult, TokenEvent, erro
 from aieng.engine.row import Row, sample_rows
 from aieng.engine.runner import Chunk
 from aieng.engine.runner_choice import make_runner
+from aieng.engine.sampling import prompt_logprobs
 from aieng.model_facts import eos_token_ids, model_context_length
 
 log = logging.getLogger("aieng.engine")
@@ -227,6 +228,8 @@ class Engine:
                 continue
             self.runner.admit(request.request_id)
             row = Row.start(request, self.tokenizer, self.device)
+            if (k := request.params.prompt_logprobs) is not None:  # a scoring request: a second, plain forward
+                row.prompt_logprobs = prompt_logprobs(self.model, request.prompt_ids, k, self.device)
             self.rows[request.request_id] = row
             self.prefilling.append(row)
             self.prefilled[request.request_id] = 0
@@ -297,6 +300,7 @@ class Engine:
                 self.runner.fork(parent.request_id, [child.request_id for child in children])
             for child in children:
                 forks.append(self.rows.setdefault(child.request_id, Row.start(child, self.tokenizer, self.device)))
+                forks[-1].prompt_logprobs = parent.prompt_logprobs
                 parents.append(position)
         return forks, parents
 

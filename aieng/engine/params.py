@@ -35,6 +35,7 @@ class SamplingParams:
     logprobs: int | None = None  # None: none; k: the sampled token's logprob and the k most likely ones
     constraint: Constraint | None = None  # the output must match it (constraints.py)
     n: int = 1  # choices: rows sharing the prompt's prefill, each sampled on its own (choices.py)
+    prompt_logprobs: int | None = None  # also the prompt tokens' logprobs, with k alternatives (echo + logprobs)
 
     @property
     def greedy(self) -> bool:
@@ -62,6 +63,9 @@ class SamplingParams:
                                       param="stop")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
             raise InvalidRequestError(f"logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {self.logprobs}",
+                                      param="logprobs")
+        if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= MAX_TOP_LOGPROBS:
+            raise InvalidRequestError(f"logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {self.prompt_logprobs}",
                                       param="logprobs")
         if not 1 <= self.n <= MAX_CHOICES:
             raise InvalidRequestError(f"n must be between 1 and {MAX_CHOICES}, got {self.n}", param="n")

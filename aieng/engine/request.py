@@ -41,6 +41,7 @@ class TokenEvent:
     token_ids: tuple[int, ...] = ()  # all generated ids, on the finishing event only
     logprobs: TokenLogprobs | None = None  # this token's, when the request asked for logprobs
     index: int = 0  # the choice this event belongs to (n > 1)
+    prompt_logprobs: tuple | None = None  # on a choice's first event, when asked: each prompt token's (sampling.prompt_logprobs)
     choice_finish: str | None = None  # set on the event that ends choice ``index``: its finish reason
 
 

@@ -44,6 +44,7 @@ class Row:
     generated: list[int] = field(default_factory=list)
     last_token: int = -1
     matcher: object | None = None  # the grammar matcher when the request is constrained (constraints.py)
+    prompt_logprobs: tuple | None = None  # the prompt's logprobs when asked, sent with the first event
 
     @classmethod
     def start(cls, request: GenerationRequest, tokenizer, device: torch.device) -> "Row":
@@ -94,7 +95,7 @@ class Row:
                           finish_cause=cause, prompt_tokens=len(self.request.prompt_ids),
                           completion_tokens=len(self.generated),
                           token_ids=tuple(self.generated) if finish is not None else (), logprobs=logprobs,
-                          choice_finish=finish)
+                          choice_finish=finish, prompt_logprobs=self.prompt_logprobs if len(self.generated) == 1 else None)
 
 
 def sample_rows(rows: Sequence[Row], logits: torch.Tensor, *, eos_ids: set[int], context_length: int) -> list[TokenEvent]:

@@ -106,3 +106,18 @@ def token_logprobs(logits: torch.Tensor, tokens: list[int | Exception],
         n = params[i].logprobs
         out[i] = TokenLogprobs(tokens[i], chosen[row], tuple(zip(top_ids[row][:n], top_values[row][:n])))
     return out
+
+
+@torch.inference_mode()
+def prompt_logprobs(model, prompt_ids: list[int], k: int, device: torch.device) -> tuple[TokenLogprobs | None, ...]:
+    """Each prompt token's logprob given the tokens before it, and the ``k`` likeliest there (the
+    first token has none: ``None``). One plain forward over the prompt, separate from the
+    engine's cached prefill, which keeps only the last position's logits: scoring requests
+    (echo with logprobs, what evaluation harnesses send) pay a second prefill, nobody else does."""
+    ids = torch.tensor([prompt_ids], device=device)
+    logprobs = torch.log_softmax(model(ids).logits[0, :-1].float(), dim=-1)  # position i predicts token i + 1
+    chosen = logprobs.gather(1, ids[0, 1:, None])[:, 0].tolist()
+    top_values, top_ids = logprobs.topk(min(k, logprobs.shape[-1]), dim=-1) if k else (logprobs[:, :0], logprobs[:, :0].long())
+    top_values, top_ids = top_values.tolist(), top_ids.tolist()
+    return (None,) + tuple(TokenLogprobs(token, chosen[i], tuple(zip(top_ids[i], top_values[i])))
+                           for i, token in enumerate(prompt_ids[1:]))

@@ -145,6 +145,7 @@ async def _respond(runtime, serving, submission, request: Request, body, *, chat
     created = int(time.time())
     texts = serving.inputs.token_texts if submission.request.params.logprobs is not None else None
     echo = single_prompt(body.prompt) if not chat and body.echo else ""
+    scored = submission.request.prompt_ids if submission.request.params.prompt_logprobs is not None else ()
     if body.stream:
         include_usage = bool((body.stream_options or {}).get("include_usage"))
 
@@ -154,7 +155,8 @@ async def _respond(runtime, serving, submission, request: Request, body, *, chat
                                                  created=created, model=runtime.model_name,
                                                  include_usage=include_usage, logprobs=texts, echo=echo,
                                                  guard=guard, guard_prompt=guard_prompt, constrained=constrained,
-                                                 trace_id=trace_id, n=submission.request.params.n):
+                                                 trace_id=trace_id, n=submission.request.params.n,
+                                                 scored_prompt=scored):
                     yield chunk
             finally:
                 log_finished(submission, route=route, prompt=prompt, payload_sample=sample, served_by=served_by)
@@ -183,7 +185,8 @@ async def _respond(runtime, serving, submission, request: Request, body, *, chat
             choice = ChatChoice(index=index, message=AssistantMessage(content=text), finish_reason=finish_reason,
                                 logprobs=chat_logprobs(items, texts) if texts is not None else None).model_dump()
         else:
-            logprobs = completion_logprobs(items, texts, offset=len(echo)) if texts is not None else None
+            logprobs = completion_logprobs(items, texts, offset=len(echo), prompt=scored,
+                                           prompt_items=submission.prompt_logprobs or ()) if texts is not None else None
             choice = CompletionChoice(index=index, text=echo + text, logprobs=logprobs,
                                       finish_reason=finish_reason).model_dump()
         if verdict is not None:

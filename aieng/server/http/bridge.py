@@ -39,6 +39,7 @@ class Submission:
     texts: dict[int, list[str]] = field(default_factory=dict)  # choice index -> its text, piece by piece
     logprobs: dict[int, list[TokenLogprobs]] = field(default_factory=dict)  # when the request asked for them
     finishes: dict[int, str] = field(default_factory=dict)  # choice index -> its finish reason
+    prompt_logprobs: tuple | None = None  # echo + logprobs: each prompt token's (None for the first)
 
     @property
     def text_parts(self) -> list[str]:
@@ -128,6 +129,8 @@ class Bridge:
                 submission.texts.setdefault(event.index, []).append(event.text)
                 if event.logprobs is not None:
                     submission.logprobs.setdefault(event.index, []).append(event.logprobs)
+                if event.prompt_logprobs is not None:
+                    submission.prompt_logprobs = event.prompt_logprobs
                 if event.choice_finish is not None:
                     submission.finishes[event.index] = event.choice_finish
                 if event.finished:

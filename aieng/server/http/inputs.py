@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
+from dataclasses import replace
 
 from aieng.engine import GenerationRequest, SamplingParams, validate_request
 from aieng.engine.chat import chat_ids
@@ -33,13 +34,12 @@ class RequestBuilder:
         self.max_rows = engine.max_rows  # n choices take n rows: never more than the batch holds
 
     async def completion(self, body: CompletionRequest) -> GenerationRequest:
-        if body.echo and body.logprobs is not None:
-            raise InvalidRequestError("echo with logprobs would need the prompt's logprobs, which this server does not "
-                                      "compute; ask for echo or for logprobs", param="logprobs")
         prompt = single_prompt(body.prompt)
+        scoring = body.logprobs if body.echo else None  # echo + logprobs: the prompt's logprobs too
 
         def build() -> GenerationRequest:
-            return self._request(self.encode(prompt), body, body.max_tokens, logprobs=body.logprobs)
+            return self._request(self.encode(prompt), body, body.max_tokens, logprobs=body.logprobs,
+                                 prompt_logprobs=scoring)
 
         return await asyncio.to_thread(build)
 
@@ -56,8 +56,9 @@ class RequestBuilder:
 
         return await asyncio.to_thread(build)
 
-    def _request(self, ids: list[int], body, max_tokens: int, *, logprobs: int | None) -> GenerationRequest:
-        params = sampling_params(body, max_tokens, logprobs)
+    def _request(self, ids: list[int], body, max_tokens: int, *, logprobs: int | None,
+                 prompt_logprobs: int | None = None) -> GenerationRequest:
+        params = replace(sampling_params(body, max_tokens, logprobs), prompt_logprobs=prompt_logprobs)
         validate_request(len(ids), params, self.context_length)
         if params.n > self.max_rows:
             raise InvalidRequestError(f"n must be at most {self.max_rows} here: each choice is a row of the batch "

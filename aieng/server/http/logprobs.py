@@ -28,15 +28,20 @@ def chat_logprobs(items: Sequence[TokenLogprobs], texts: TokenTexts) -> dict:
                         for item in items]}
 
 
-def completion_logprobs(items: Sequence[TokenLogprobs], texts: TokenTexts, *, offset: int = 0) -> dict:
+def completion_logprobs(items: Sequence[TokenLogprobs], texts: TokenTexts, *, offset: int = 0,
+                        prompt: Sequence[int] = (), prompt_items: Sequence[TokenLogprobs | None] = ()) -> dict:
     """``offset``: where the first token's text starts in the choice's text (after an echoed prompt,
-    or after the text already streamed)."""
-    tokens, offsets = [], []
-    for item in items:
-        text = texts(item.token_id)[0]
+    or after the text already streamed). ``prompt`` / ``prompt_items``: an echoed prompt's token
+    ids and their logprobs, listed first (the first token has none: null, as OpenAI sends it)."""
+    tokens, offsets, values, tops = [], [], [], []
+    entries = [(token_id, item) for token_id, item in zip(prompt, prompt_items)] + [(i.token_id, i) for i in items]
+    if prompt:
+        offset = 0
+    for token_id, item in entries:
+        text = texts(token_id)[0]
         tokens.append(text)
         offsets.append(offset)
         offset += len(text)
-    return {"tokens": tokens, "token_logprobs": [item.logprob for item in items],
-            "top_logprobs": [{texts(token_id)[0]: logprob for token_id, logprob in item.top} for item in items],
-            "text_offset": offsets}
+        values.append(item.logprob if item is not None else None)
+        tops.append({texts(t)[0]: logprob for t, logprob in item.top} if item is not None else None)
+    return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
 from aieng.observability import metrics
@@ -21,12 +21,14 @@ def sse(data: dict | str) -> str:
 async def stream_chunks(events: AsyncIterator[TokenEvent], *, chat: bool, response_id: str, created: int,
                         model: str, include_usage: bool, logprobs: TokenTexts | None = None,
                         echo: str = "", guard: OutputGuard | None = None, guard_prompt: str = "",
-                        constrained: bool = False, trace_id: str | None = None, n: int = 1) -> AsyncIterator[str]:
+                        constrained: bool = False, trace_id: str | None = None, n: int = 1,
+                        scored_prompt: Sequence[int] = ()) -> AsyncIterator[str]:
     """Turn engine events into OpenAI chunks. Errors mid-stream become an ``error`` chunk.
 
     ``logprobs``: the tokenizer's token texts when the request asked for logprobs (each chunk then
     carries those of the tokens since the previous chunk); ``echo``: a completion's prompt, sent
-    first. ``guard``: the output guard; the blocklist and hook look at the text before each chunk
+    first (with ``scored_prompt``, the prompt's ids when echo came with logprobs, it waits for the
+    first event, which brings the prompt's logprobs). ``guard``: the output guard; the blocklist and hook look at the text before each chunk
     leaves (a hit, with ``fallback``, ends that choice with ``content_filter`` instead of that
     chunk); the answer's format is judged at the end, and can only be flagged there. ``n``
     choices stream interleaved, each chunk naming its ``index``."""
@@ -38,7 +40,7 @@ async def stream_chunks(events: AsyncIterator[TokenEvent], *, chat: bool, respon
         if chat:
             yield sse({**base, "choices": [{"index": index, "delta": {"role": "assistant", "content": ""},
                                             "logprobs": None, "finish_reason": None}]})
-        elif echo:
+        elif echo and not scored_prompt:
             yield sse({**base, "choices": [{"index": index, "text": echo, "logprobs": None, "finish_reason": None}]})
     async for event in events:
         last = event
@@ -49,6 +51,10 @@ async def stream_chunks(events: AsyncIterator[TokenEvent], *, chat: bool, respon
         state = choices[event.index]
         if state.withheld:  # the guard ended this choice; the others go on
             continue
+        if event.prompt_logprobs is not None and scored_prompt and logprobs is not None:
+            scored = completion_logprobs([], logprobs, prompt=scored_prompt, prompt_items=event.prompt_logprobs)
+            yield sse({**base, "choices": [{"index": event.index, "text": echo, "logprobs": scored,
+                                            "finish_reason": None}]})
         if event.logprobs is not None:
             state.pending.append(event.logprobs)
         if not event.text and event.choice_finish is None:

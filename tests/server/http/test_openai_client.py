@@ -111,9 +111,31 @@ def test_echo_puts_the_prompt_before_the_completion(client, render):
     assert "".join(c.choices[0].text for c in stream) == prompt + "85"
 
 
-def test_echo_with_logprobs_and_top_logprobs_without_logprobs_are_400s(client, render):
-    with pytest.raises(openai.BadRequestError, match="echo"):
-        client.completions.create(model="demo", prompt=render("add: 2+3"), echo=True, logprobs=1)
+def test_echo_with_logprobs_scores_the_prompt_as_generation_scored_it(client, render):
+    """What evaluation harnesses send to score a text: echo + logprobs. Scoring a prompt followed
+    by the model's own answer gives the answer's tokens the logprobs that generating them had."""
+    prompt = render("reverse: apple stone river")
+    generated = client.completions.create(model="demo", prompt=prompt, max_tokens=8, temperature=0, logprobs=1)
+    answer = generated.choices[0].text
+    scored = client.completions.create(model="demo", prompt=prompt + answer, max_tokens=1, temperature=0,
+                                       logprobs=2, echo=True)
+    lp = scored.choices[0].logprobs
+    assert scored.choices[0].text.startswith(prompt + answer)
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None  # the first token has no context
+    assert "".join(lp.tokens).startswith(prompt + answer) and lp.text_offset[0] == 0
+    n = len(generated.choices[0].logprobs.tokens) - 1  # the generated EOS is not in the scored text
+    prompt_tokens = scored.usage.prompt_tokens
+    assert lp.tokens[prompt_tokens - n:prompt_tokens] == generated.choices[0].logprobs.tokens[:n]
+    assert lp.token_logprobs[prompt_tokens - n:prompt_tokens] == pytest.approx(
+        generated.choices[0].logprobs.token_logprobs[:n], abs=2e-3)
+    stream = client.completions.create(model="demo", prompt=prompt + answer, max_tokens=1, temperature=0, logprobs=2,
+                                       echo=True, stream=True)
+    first = next(iter(stream)).choices[0]  # streamed, the echo chunk carries the prompt's logprobs
+    assert first.text == prompt + answer and first.logprobs.tokens == lp.tokens[:prompt_tokens]
+    assert first.logprobs.token_logprobs[1:] == pytest.approx(lp.token_logprobs[1:prompt_tokens], abs=1e-6)
+
+
+def test_top_logprobs_without_logprobs_and_too_many_are_400s(client, render):
     with pytest.raises(openai.BadRequestError, match="top_logprobs"):
         client.chat.completions.create(model="demo", messages=[{"role": "user", "content": "add: 2+3"}], top_logprobs=2)
     with pytest.raises(openai.BadRequestError, match="logprobs"):
