@@ -36,6 +36,13 @@ class SamplingParams:
     constraint: Constraint | None = None  # the output must match it (constraints.py)
     n: int = 1  # choices: rows sharing the prompt's prefill, each sampled on its own (choices.py)
     prompt_logprobs: int | None = None  # also the prompt tokens' logprobs, with k alternatives (echo + logprobs)
+    presence_penalty: float = 0.0  # OpenAI's: subtracted from the logit of every token generated so far
+    frequency_penalty: float = 0.0  # OpenAI's: subtracted once per time a token was generated so far
+    logit_bias: tuple[tuple[int, float], ...] = ()  # OpenAI's: (token id, bias in [-100, 100]) added to the logits
+
+    @property
+    def adjusts_logits(self) -> bool:
+        return bool(self.presence_penalty or self.frequency_penalty or self.logit_bias)
 
     @property
     def greedy(self) -> bool:
@@ -67,6 +74,14 @@ class SamplingParams:
         if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= MAX_TOP_LOGPROBS:
             raise InvalidRequestError(f"logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {self.prompt_logprobs}",
                                       param="logprobs")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and -2 <= value <= 2):
+                raise InvalidRequestError(f"{name} must be between -2 and 2, got {value}", param=name)
+        for token, bias in self.logit_bias:
+            if not (math.isfinite(bias) and -100 <= bias <= 100):
+                raise InvalidRequestError(f"logit_bias values must be between -100 and 100, got {bias} for token "
+                                          f"{token}", param="logit_bias")
         if not 1 <= self.n <= MAX_CHOICES:
             raise InvalidRequestError(f"n must be between 1 and {MAX_CHOICES}, got {self.n}", param="n")
         if any(s == "" for s in self.stop):

@@ -18,7 +18,7 @@ from aieng.engine.constraints import mask_logits
 from aieng.engine.detokenize import IncrementalDetokenizer
 from aieng.engine.request import GenerationRequest, TokenEvent, error_event
 from aieng.errors import AiengError
-from aieng.engine.sampling import TokenLogprobs, new_generator, sample_batch, token_logprobs
+from aieng.engine.sampling import TokenLogprobs, adjust_logits, new_generator, sample_batch, token_logprobs
 from aieng.engine.stops import StopMatcher
 
 
@@ -102,7 +102,8 @@ def sample_rows(rows: Sequence[Row], logits: torch.Tensor, *, eos_ids: set[int],
     """One step's tokens for ``rows`` from their ``logits`` [B, V]: sampled, their logprobs where asked
     for, and each row's event."""
     params = [row.request.params for row in rows]
-    allowed = mask_logits(logits, [row.matcher for row in rows])  # constrained rows: only what their grammar allows
+    adjusted = adjust_logits(logits, params, [row.generated for row in rows])  # penalties and bias, where asked
+    allowed = mask_logits(adjusted, [row.matcher for row in rows])  # constrained rows: only what their grammar allows
     tokens = sample_batch(allowed, params, [row.generator for row in rows], [row.seen for row in rows])
     return advance_rows(rows, tokens, eos_ids=eos_ids, context_length=context_length,
                         logprobs=token_logprobs(logits, tokens, params))

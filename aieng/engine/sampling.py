@@ -58,6 +58,25 @@ def sample_row(logits: torch.Tensor, params: SamplingParams, generator: torch.Ge
     return int(torch.multinomial(probs, 1, generator=generator))
 
 
+def adjust_logits(logits: torch.Tensor, params: list[SamplingParams], generated: list[list[int]]) -> torch.Tensor:
+    """OpenAI's presence and frequency penalties (over the tokens each row generated so far, not its
+    prompt) and logit bias, for the rows that ask; a new tensor only when one does."""
+    rows = [i for i, p in enumerate(params) if p.adjusts_logits]
+    if not rows:
+        return logits
+    logits = logits.clone()
+    vocab = logits.shape[-1]
+    for i in rows:
+        p = params[i]
+        if generated[i] and (p.presence_penalty or p.frequency_penalty):
+            counts = torch.bincount(torch.tensor(generated[i], device=logits.device), minlength=vocab)[:vocab]
+            logits[i] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0)
+        for token, bias in p.logit_bias:
+            if 0 <= token < vocab:
+                logits[i, token] += bias
+    return logits
+
+
 def sample_batch(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator],
                  seen: list[torch.Tensor | None]) -> list[int | Exception]:
     """Tokens for a batch. ``logits`` [B, V]. Greedy rows without penalties share one argmax.

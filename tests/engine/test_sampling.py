@@ -65,3 +65,28 @@ def test_repetition_penalty_changes_the_output(demo, render):
     plain = engine.generate([prompt], SamplingParams(max_tokens=16, temperature=0))[0].text
     penalised = engine.generate([prompt], SamplingParams(max_tokens=16, temperature=0, repetition_penalty=5.0))[0].text
     assert plain != penalised
+
+
+def test_presence_frequency_penalties_and_logit_bias_follow_openai():
+    from aieng.engine.sampling import adjust_logits
+
+    logits = torch.zeros(2, 5)
+    params = [SamplingParams(presence_penalty=0.5, frequency_penalty=0.25, logit_bias=((4, 3.0),)), SamplingParams()]
+    out = adjust_logits(logits, params, [[1, 1, 2], [1]])
+    # token 1 twice: 0.5 + 2 x 0.25; token 2 once: 0.5 + 0.25; token 4 biased; row 1 untouched
+    assert out[0].tolist() == [0.0, -1.0, -0.75, 0.0, 3.0] and out[1].tolist() == [0.0] * 5
+    assert logits.abs().sum() == 0  # the raw logits (for logprobs) are not changed
+    assert adjust_logits(logits, [SamplingParams()] * 2, [[], []]) is logits
+
+
+def test_penalties_and_bias_change_what_a_greedy_row_writes(demo, render):
+    model, tokenizer = demo
+    engine = Engine(model, tokenizer, config=EAGER)
+    prompt = render("add: 2+3")  # one-digit sums are outside the demo's training: it stutters "5888"
+    plain = engine.generate([prompt], SamplingParams(max_tokens=12, temperature=0))[0].text
+    penalised = engine.generate([prompt], SamplingParams(max_tokens=12, temperature=0, frequency_penalty=2.0,
+                                                         presence_penalty=2.0))[0].text
+    assert plain.count("8") > penalised.count("8"), (plain, penalised)
+    seven = tokenizer.encode("7", add_special_tokens=False)[0]
+    biased = engine.generate([prompt], SamplingParams(max_tokens=6, temperature=0, logit_bias=((seven, 100.0),)))[0]
+    assert biased.text == "777777"

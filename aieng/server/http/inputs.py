@@ -32,6 +32,7 @@ class RequestBuilder:
         self.token_texts = TokenTexts(engine.tokenizer)  # token ids -> text and bytes, for logprobs
         self.constraints = engine.constraints  # grammars, compiled once per constraint
         self.max_rows = engine.max_rows  # n choices take n rows: never more than the batch holds
+        self.vocab_size = engine.model.config.vocab_size
 
     async def completion(self, body: CompletionRequest) -> GenerationRequest:
         prompt = single_prompt(body.prompt)
@@ -60,6 +61,10 @@ class RequestBuilder:
                  prompt_logprobs: int | None = None) -> GenerationRequest:
         params = replace(sampling_params(body, max_tokens, logprobs), prompt_logprobs=prompt_logprobs)
         validate_request(len(ids), params, self.context_length)
+        unknown = [token for token, _ in params.logit_bias if token >= self.vocab_size]
+        if unknown:
+            raise InvalidRequestError(f"logit_bias names token ids this model does not have: {unknown[:5]} (its "
+                                      f"vocabulary has {self.vocab_size})", param="logit_bias")
         if params.n > self.max_rows:
             raise InvalidRequestError(f"n must be at most {self.max_rows} here: each choice is a row of the batch "
                                       f"and this server runs {self.max_rows}", param="n")
@@ -73,7 +78,19 @@ def sampling_params(body, max_tokens: int, logprobs: int | None = None) -> Sampl
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
     return SamplingParams(max_tokens=max_tokens, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
                           repetition_penalty=body.repetition_penalty, seed=body.seed, stop=stop,
-                          ignore_eos=body.ignore_eos, logprobs=logprobs, constraint=constraint_of(body), n=body.n)
+                          ignore_eos=body.ignore_eos, logprobs=logprobs, constraint=constraint_of(body), n=body.n,
+                          presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty,
+                          logit_bias=logit_bias(body.logit_bias))
+
+
+def logit_bias(bias: dict[str, float] | None) -> tuple[tuple[int, float], ...]:
+    """OpenAI's ``{"token id": bias}`` as (id, bias) pairs; a key that is not a token id is a 400."""
+    pairs = []
+    for key, value in (bias or {}).items():
+        if not key.isdigit():
+            raise InvalidRequestError(f"logit_bias keys are token ids, got {key!r}", param="logit_bias")
+        pairs.append((int(key), value))
+    return tuple(pairs)
 
 
 def constraint_of(body) -> Constraint | None:

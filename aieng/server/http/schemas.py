@@ -72,6 +72,9 @@ class _Request(BaseModel):
     priority: Literal["interactive", "batch"] = "interactive"  # extension: scheduling class
     timeout: float | None = Field(default=None, gt=0)  # extension: seconds until the request is abandoned
     ignore_eos: bool = False  # extension (as in vLLM): generate exactly max_tokens, for benchmarks
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[str, float] | None = None  # token id (as a string, OpenAI's way) -> bias in [-100, 100]
     response_format: ResponseFormat | None = None
     # Extensions, as vLLM names them: the output must match a regex, be one of the choices, or
     # follow a JSON schema (structured_outputs is vLLM's newer form of the three).

@@ -71,6 +71,11 @@ def _error(resp, status):
     ("top_k", -3, "top_k must be >= 0"),
     ("max_tokens", 0, "max_tokens must be >= 1"),
     ("stop", ["a", "b", "c", "d", "e"], "at most 4 stop strings"),
+    ("presence_penalty", 2.5, "between -2 and 2"),
+    ("frequency_penalty", -3, "between -2 and 2"),
+    ("logit_bias", {"7": 101}, "between -100 and 100"),
+    ("logit_bias", {"seven": 1}, "token ids"),
+    ("logit_bias", {"999999": 1}, "does not have"),
 ])
 def test_invalid_parameters_get_one_precise_message(client, field, value, fragment):
     error = _error(client.post("/v1/completions", json={"model": "demo", "prompt": "hi", field: value}), 400)
