@@ -31,7 +31,9 @@ class RequestBuilder:
         self.context_length = engine.context_length
         self.token_texts = TokenTexts(engine.tokenizer)  # token ids -> text and bytes, for logprobs
         self.constraints = engine.constraints  # grammars, compiled once per constraint
-        self.max_rows = engine.max_rows  # n choices take n rows: never more than the batch holds
+        # n choices take n rows: never more than the batch holds, and not the rows held now: a hot
+        # swap's new engine starts with none of the KV memory and grows into what it planned.
+        self.max_rows = max(engine.max_rows, getattr(engine.runner, "planned_rows", 0))
         self.vocab_size = engine.model.config.vocab_size
 
     async def completion(self, body: CompletionRequest) -> GenerationRequest:
