@@ -21,14 +21,13 @@ from aieng.observability.prom import metrics_text
 from aieng.server.http.admin import install_admin_routes
 from aieng.server.http.disconnect import unless_disconnected
 from aieng.server.http.errors import install_error_handlers
-from aieng.server.http.middleware import BodySizeLimitMiddleware, RequestContextMiddleware
-from aieng.server.http.request_log import log_finished
-from aieng.server.http.schemas import (AssistantMessage, ChatChoice, ChatCompletionRequest, ChatCompletionResponse,
-                                       CompletionChoice, CompletionRequest, CompletionResponse, ModelCard, ModelList,
-                                       Usage)
 from aieng.server.http.inputs import single_prompt
-from aieng.server.http.logprobs import chat_logprobs, completion_logprobs
-from aieng.server.http.output_guard import OutputGuard, record
+from aieng.server.http.middleware import BodySizeLimitMiddleware, RequestContextMiddleware
+from aieng.server.http.output_guard import OutputGuard
+from aieng.server.http.replies import ReplyOptions, reply_choices
+from aieng.server.http.request_log import log_finished
+from aieng.server.http.schemas import (ChatCompletionRequest, ChatCompletionResponse, CompletionRequest,
+                                       CompletionResponse, ModelCard, ModelList, Usage)
 from aieng.server.http.sse import stream_chunks
 from aieng.server.process.canary import pick
 
@@ -171,27 +170,11 @@ async def _respond(runtime, serving, submission, request: Request, body, *, chat
         raise final.error
     usage = Usage(prompt_tokens=final.prompt_tokens, completion_tokens=final.completion_tokens,
                   total_tokens=final.prompt_tokens + final.completion_tokens)
-    choices = []
-    for index in range(submission.request.params.n):
-        text, finish_reason = "".join(submission.texts.get(index, [])), submission.finishes.get(index)
-        items = submission.logprobs.get(index, [])
-        verdict = guard.check(guard_prompt, text, constrained=constrained) if guard is not None else None
-        if verdict is not None:
-            record(verdict, trace_id=trace_id)
-            headers.setdefault("X-Output-Guard", f"{verdict.check}; action={verdict.action}")
-            if verdict.action == "fallback":
-                text, finish_reason, items = guard.fallback, "content_filter", []
-        if chat:
-            choice = ChatChoice(index=index, message=AssistantMessage(content=text), finish_reason=finish_reason,
-                                logprobs=chat_logprobs(items, texts) if texts is not None else None).model_dump()
-        else:
-            logprobs = completion_logprobs(items, texts, offset=len(echo), prompt=scored,
-                                           prompt_items=submission.prompt_logprobs or ()) if texts is not None else None
-            choice = CompletionChoice(index=index, text=echo + text, logprobs=logprobs,
-                                      finish_reason=finish_reason).model_dump()
-        if verdict is not None:
-            choice["guard"] = verdict.field()  # an extension, beside OpenAI's fields
-        choices.append(choice)
+    choices, verdict = reply_choices(submission, ReplyOptions(
+        chat=chat, texts=texts, echo=echo, scored=scored, guard=guard, guard_prompt=guard_prompt,
+        constrained=constrained, trace_id=trace_id))
+    if verdict is not None:
+        headers["X-Output-Guard"] = f"{verdict.check}; action={verdict.action}"
     kind = ChatCompletionResponse if chat else CompletionResponse
     content = kind(id=response_id, created=created, model=runtime.model_name, usage=usage, choices=[]).model_dump()
     content["choices"] = choices
