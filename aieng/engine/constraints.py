@@ -121,6 +121,21 @@ class ConstraintCompiler:
         return self._ll_tokenizer
 
 
+def masks_needed(logits: torch.Tensor, params: list, matchers: list) -> list:
+    """The matchers whose rows need a mask this step. A greedy row (no repetition penalty) whose
+    own argmax the grammar accepts needs none: the argmax over the allowed tokens is that token.
+    Checking it costs ~1 µs against ~10 µs for a mask, and a model that follows its format (the
+    demo on its json prompts) is nearly always right. Sampled rows are always masked: sampling
+    first and checking after would change which draws their seed gives."""
+    rows = [i for i, m in enumerate(matchers) if m is not None]
+    if not rows:
+        return matchers
+    greedy = [i for i in rows if params[i].greedy and params[i].repetition_penalty == 1.0]
+    best = logits[greedy].argmax(-1).tolist() if greedy else []
+    accepted = {i for i, token in zip(greedy, best) if matchers[i].validate_tokens([token]) == 1}
+    return [None if i in accepted else m for i, m in enumerate(matchers)]
+
+
 def mask_logits(logits: torch.Tensor, matchers: list) -> torch.Tensor:
     """``logits`` [B, V] with each constrained row's disallowed tokens at -inf (a new tensor; the
     unconstrained rows, ``None`` in ``matchers``, keep every token). The raw logits stay for

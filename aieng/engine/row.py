@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from aieng.engine.constraints import mask_logits
+from aieng.engine.constraints import mask_logits, masks_needed
 from aieng.engine.detokenize import IncrementalDetokenizer
 from aieng.engine.request import GenerationRequest, TokenEvent, error_event
 from aieng.errors import AiengError
@@ -103,7 +103,7 @@ def sample_rows(rows: Sequence[Row], logits: torch.Tensor, *, eos_ids: set[int],
     for, and each row's event."""
     params = [row.request.params for row in rows]
     adjusted = adjust_logits(logits, params, [row.generated for row in rows])  # penalties and bias, where asked
-    allowed = mask_logits(adjusted, [row.matcher for row in rows])  # constrained rows: only what their grammar allows
+    allowed = mask_logits(adjusted, masks_needed(adjusted, params, [row.matcher for row in rows]))
     tokens = sample_batch(allowed, params, [row.generator for row in rows], [row.seen for row in rows])
     return advance_rows(rows, tokens, eos_ids=eos_ids, context_length=context_length,
                         logprobs=token_logprobs(logits, tokens, params))

@@ -36,5 +36,7 @@ def test_bench_grammar_cli_reports_cost_and_effect(demo_store):
                              "--no-compile", "--json"], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     out = json.loads(result.stdout)
-    assert out["cost"]["batch"] == 4 and out["cost"]["free_tok_s"] > 0 and out["cost"]["constrained_tok_s"] > 0
+    assert set(out["cost"]) == {"forced", "json_task"}
+    forced = out["cost"]["forced"]
+    assert forced["batch"] == 4 and forced["free_tok_s"] > 0 and forced["constrained_tok_s"] > 0
     assert out["json_task"]["temperature_0"]["json_schema"]["valid"] == 1.0
