@@ -9,7 +9,7 @@ when the grammar is complete and admits nothing more, the row finishes (``finish
 
 The matcher is llguidance's (Microsoft's Rust Earley parser behind vLLM's and SGLang's
 ``guidance`` backend, no Python dependencies). Measured on the demo tokenizer, 32 rows: their
-masks in ~0.4 ms and a schema compiled in ~1 ms, with no per-schema index to build first;
+masks in ~0.3-0.5 ms and a schema compiled in ~1 ms, with no per-schema index to build first;
 outlines-core (TGI's) wrote the masks in ~0.2 ms but compiles a JSON schema through a regex (no
 recursive schemas) into a token index whose build grows with vocabulary × states, and its
 vocabulary loader reaches for the Hub. docs/architecture.md has the figures and the cost in a
