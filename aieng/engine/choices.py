@@ -62,6 +62,8 @@ class ChoiceGroups:
     def publish(self, events: list[TokenEvent]) -> tuple[list[TokenEvent], list[str]]:
         """The rows' events as their requests' (see the module doc); also the sibling rows to drop
         because a choice of their request failed."""
+        if not self.owner:  # no request with n > 1 running: the events are the requests' already
+            return events, []
         out, doomed = [], []
         for event in events:
             request_id = self.owner.get(event.request_id)

@@ -2,8 +2,8 @@
 
 A row finishes on the first of: an end-of-sequence token (unless ``ignore_eos``), a stop string,
 its grammar complete (a constrained row), ``max_tokens``, or the model's context length. Text is
-released only when it is safe: a multi-byte character is never split, and nothing that could still become a stop string is
-streamed (see ``stops`` and ``detokenize``).
+released only when it is safe: a multi-byte character is never split, and nothing that could
+still become a stop string is streamed (see ``stops`` and ``detokenize``).
 """
 
 from __future__ import annotations

@@ -116,14 +116,9 @@ def token_logprobs(logits: torch.Tensor, tokens: list[int | Exception],
     out: list[TokenLogprobs | None] = [None] * len(params)
     if not wanted:
         return out
-    logprobs = torch.log_softmax(logits[wanted].float(), dim=-1)  # [W, V]
-    chosen = logprobs.gather(1, torch.tensor([[tokens[i]] for i in wanted], device=logprobs.device))[:, 0].tolist()
-    k = min(max(params[i].logprobs for i in wanted), logprobs.shape[-1])
-    top_values, top_ids = (logprobs.topk(k, dim=-1) if k else (logprobs[:, :0], logprobs[:, :0].long()))
-    top_values, top_ids = top_values.tolist(), top_ids.tolist()
-    for row, i in enumerate(wanted):
-        n = params[i].logprobs
-        out[i] = TokenLogprobs(tokens[i], chosen[row], tuple(zip(top_ids[row][:n], top_values[row][:n])))
+    scored = _scored(logits[wanted], [tokens[i] for i in wanted], [params[i].logprobs for i in wanted])
+    for i, item in zip(wanted, scored):
+        out[i] = item
     return out
 
 
@@ -134,9 +129,16 @@ def prompt_logprobs(model, prompt_ids: list[int], k: int, device: torch.device) 
     engine's cached prefill, which keeps only the last position's logits: scoring requests
     (echo with logprobs, what evaluation harnesses send) pay a second prefill, nobody else does."""
     ids = torch.tensor([prompt_ids], device=device)
-    logprobs = torch.log_softmax(model(ids).logits[0, :-1].float(), dim=-1)  # position i predicts token i + 1
-    chosen = logprobs.gather(1, ids[0, 1:, None])[:, 0].tolist()
-    top_values, top_ids = logprobs.topk(min(k, logprobs.shape[-1]), dim=-1) if k else (logprobs[:, :0], logprobs[:, :0].long())
+    return (None,) + tuple(_scored(model(ids).logits[0, :-1], prompt_ids[1:], [k] * (len(prompt_ids) - 1)))
+
+
+def _scored(logits: torch.Tensor, tokens: list[int], ks: list[int]) -> list[TokenLogprobs]:
+    """Row i's ``tokens[i]`` with its log-probability under ``logits[i]`` and the ``ks[i]`` likeliest
+    alternatives: one log-softmax and one top-k for all the rows."""
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    chosen = logprobs.gather(1, torch.tensor(tokens, device=logprobs.device)[:, None])[:, 0].tolist()
+    k = min(max(ks, default=0), logprobs.shape[-1])
+    top_values, top_ids = logprobs.topk(k, dim=-1) if k else (logprobs[:, :0], logprobs[:, :0].long())
     top_values, top_ids = top_values.tolist(), top_ids.tolist()
-    return (None,) + tuple(TokenLogprobs(token, chosen[i], tuple(zip(top_ids[i], top_values[i])))
-                           for i, token in enumerate(prompt_ids[1:]))
+    return [TokenLogprobs(token, chosen[i], tuple(zip(top_ids[i][:ks[i]], top_values[i][:ks[i]])))
+            for i, token in enumerate(tokens)]

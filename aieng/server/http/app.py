@@ -145,17 +145,16 @@ async def _respond(runtime, serving, submission, request: Request, body, *, chat
     texts = serving.inputs.token_texts if submission.request.params.logprobs is not None else None
     echo = single_prompt(body.prompt) if not chat and body.echo else ""
     scored = submission.request.prompt_ids if submission.request.params.prompt_logprobs is not None else ()
+    options = ReplyOptions(chat=chat, texts=texts, echo=echo, scored=scored, guard=guard, guard_prompt=guard_prompt,
+                           constrained=constrained, trace_id=trace_id)
     if body.stream:
         include_usage = bool((body.stream_options or {}).get("include_usage"))
 
         async def chunks():
             try:
-                async for chunk in stream_chunks(bridge.events(submission), chat=chat, response_id=response_id,
+                async for chunk in stream_chunks(bridge.events(submission), options, response_id=response_id,
                                                  created=created, model=runtime.model_name,
-                                                 include_usage=include_usage, logprobs=texts, echo=echo,
-                                                 guard=guard, guard_prompt=guard_prompt, constrained=constrained,
-                                                 trace_id=trace_id, n=submission.request.params.n,
-                                                 scored_prompt=scored):
+                                                 include_usage=include_usage, n=submission.request.params.n):
                     yield chunk
             finally:
                 log_finished(submission, route=route, prompt=prompt, payload_sample=sample, served_by=served_by)
@@ -170,9 +169,7 @@ async def _respond(runtime, serving, submission, request: Request, body, *, chat
         raise final.error
     usage = Usage(prompt_tokens=final.prompt_tokens, completion_tokens=final.completion_tokens,
                   total_tokens=final.prompt_tokens + final.completion_tokens)
-    choices, verdict = reply_choices(submission, ReplyOptions(
-        chat=chat, texts=texts, echo=echo, scored=scored, guard=guard, guard_prompt=guard_prompt,
-        constrained=constrained, trace_id=trace_id))
+    choices, verdict = reply_choices(submission, options)
     if verdict is not None:
         headers["X-Output-Guard"] = f"{verdict.check}; action={verdict.action}"
     kind = ChatCompletionResponse if chat else CompletionResponse

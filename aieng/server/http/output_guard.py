@@ -64,6 +64,7 @@ class OutputGuard:
             raise ValueError(f"output guard: unknown check(s) {sorted(unknown)} or action {action!r}; "
                              f"checks are {', '.join(CHECKS)}, actions {', '.join(ACTIONS)}")
         self.checks, self.action, self.fallback = checks, action, fallback
+        self.partial_checks = tuple(c for c in ("blocklist", "hook") if c in checks)  # judged as a stream grows
         self.max_repeats = max_repeats
         self.json_prompts = re.compile(json_prompts) if json_prompts else None
         words = [re.escape(w.strip()) for w in blocklist if w.strip()]
@@ -107,11 +108,10 @@ class OutputGuard:
 
     def check_partial(self, prompt: str, text: str) -> Verdict | None:
         """A stream's text so far: only what more text cannot undo (the blocklist, the hook)."""
-        for check in ("blocklist", "hook"):
-            if check in self.checks:
-                reason = getattr(self, f"_{check}")(prompt, text)
-                if reason:
-                    return Verdict(check, reason, self.action)
+        for check in self.partial_checks:
+            reason = getattr(self, f"_{check}")(prompt, text)
+            if reason:
+                return Verdict(check, reason, self.action)
         return None
 
     def _empty(self, prompt: str, text: str) -> str | None:

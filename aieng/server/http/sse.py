@@ -3,35 +3,34 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from aieng.observability import metrics
 from aieng.engine import TokenEvent
 from aieng.engine.sampling import TokenLogprobs
-from aieng.engine.token_text import TokenTexts
 from aieng.server.http.logprobs import chat_logprobs, completion_logprobs
-from aieng.server.http.output_guard import OutputGuard, Verdict, record
+from aieng.server.http.output_guard import Verdict, record
+from aieng.server.http.replies import ReplyOptions
 
 
 def sse(data: dict | str) -> str:
     return f"data: {data if isinstance(data, str) else json.dumps(data, separators=(',', ':'))}\n\n"
 
 
-async def stream_chunks(events: AsyncIterator[TokenEvent], *, chat: bool, response_id: str, created: int,
-                        model: str, include_usage: bool, logprobs: TokenTexts | None = None,
-                        echo: str = "", guard: OutputGuard | None = None, guard_prompt: str = "",
-                        constrained: bool = False, trace_id: str | None = None, n: int = 1,
-                        scored_prompt: Sequence[int] = ()) -> AsyncIterator[str]:
-    """Turn engine events into OpenAI chunks. Errors mid-stream become an ``error`` chunk.
+async def stream_chunks(events: AsyncIterator[TokenEvent], options: ReplyOptions, *, response_id: str, created: int,
+                        model: str, include_usage: bool, n: int = 1) -> AsyncIterator[str]:
+    """Turn engine events into OpenAI chunks; ``options`` are the ones a whole reply takes
+    (``replies.ReplyOptions``). Errors mid-stream become an ``error`` chunk.
 
-    ``logprobs``: the tokenizer's token texts when the request asked for logprobs (each chunk then
-    carries those of the tokens since the previous chunk); ``echo``: a completion's prompt, sent
-    first (with ``scored_prompt``, the prompt's ids when echo came with logprobs, it waits for the
-    first event, which brings the prompt's logprobs). ``guard``: the output guard; the blocklist and hook look at the text before each chunk
+    With logprobs, each chunk carries those of the tokens since the previous chunk. An echoed
+    prompt is sent first; when echo came with logprobs it waits for the first event, which brings
+    the prompt's logprobs. The guard's blocklist and hook look at the text before each chunk
     leaves (a hit, with ``fallback``, ends that choice with ``content_filter`` instead of that
     chunk); the answer's format is judged at the end, and can only be flagged there. ``n``
     choices stream interleaved, each chunk naming its ``index``."""
+    chat, logprobs, echo, scored_prompt = options.chat, options.texts, options.echo, options.scored
+    guard, guard_prompt = options.guard, options.guard_prompt
     kind = "chat.completion.chunk" if chat else "text_completion"
     base = {"id": response_id, "object": kind, "created": created, "model": model}
     last: TokenEvent | None = None
@@ -61,14 +60,15 @@ async def stream_chunks(events: AsyncIterator[TokenEvent], *, chat: bool, respon
             continue
         finish = event.choice_finish
         fired = None
-        if guard is not None and state.verdict is None:
-            fired = guard.check_partial(guard_prompt, state.sent + event.text)
+        if guard is not None and state.verdict is None and (guard.partial_checks or finish is not None):
+            text = "".join(state.sent) + event.text  # joined only when a check reads it
+            fired = guard.check_partial(guard_prompt, text)
             if fired is None and finish is not None:
-                found = guard.check(guard_prompt, state.sent + event.text, constrained=constrained)
+                found = guard.check(guard_prompt, text, constrained=options.constrained)
                 fired = found and Verdict(found.check, found.reason, "flag")  # sent already: it can only be marked
             if fired is not None:
                 state.verdict = fired
-                record(fired, trace_id=trace_id)
+                record(fired, trace_id=options.trace_id)
                 if fired.action == "fallback":  # withhold this chunk and end the choice
                     state.withheld = True
                     delta = {"delta": {}} if chat else {"text": ""}
@@ -78,7 +78,7 @@ async def stream_chunks(events: AsyncIterator[TokenEvent], *, chat: bool, respon
                         await events.aclose()  # cancels the request: its tokens would go nowhere
                         break
                     continue
-        state.sent += event.text
+        state.sent.append(event.text)
         chosen = None
         if logprobs is not None and state.pending:
             if chat:
@@ -107,7 +107,7 @@ class _ChoiceStream:
     """One choice's state in a stream."""
 
     offset: int = 0  # completions' text_offset of its next token
-    sent: str = ""  # its text so far
+    sent: list[str] = field(default_factory=list)  # its text so far, in pieces
     pending: list[TokenLogprobs] = field(default_factory=list)  # logprobs of tokens whose text is not sent yet
     verdict: Verdict | None = None  # the guard's, once one fired
     withheld: bool = False  # the guard ended it (fallback)
