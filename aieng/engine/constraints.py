@@ -22,10 +22,9 @@ engine thread; an invalid schema or regex is an ``InvalidRequestError`` naming t
 
 from __future__ import annotations
 
+import functools
 import json
 import re
-import threading
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Literal
 
@@ -85,41 +84,26 @@ class ConstraintCompiler:
 
     def __init__(self, tokenizer, *, vocab_size: int, eos_id: int):
         self.tokenizer, self.vocab_size, self.eos_id = tokenizer, vocab_size, eos_id
-        self._ll_tokenizer = None
-        self._templates: OrderedDict[Constraint, object] = OrderedDict()
-        self._lock = threading.Lock()
+        self._template = functools.lru_cache(maxsize=CACHE_SIZE)(self._compile)  # invalid ones raise, uncached
 
     def matcher(self, constraint: Constraint):
         """A fresh matcher for one request (an LLMatcher at the grammar's start)."""
-        with self._lock:
-            template = self._templates.get(constraint)
-            if template is not None:
-                self._templates.move_to_end(constraint)
-        if template is None:
-            template = self._compile(constraint)
-            with self._lock:
-                self._templates[constraint] = template
-                while len(self._templates) > CACHE_SIZE:
-                    self._templates.popitem(last=False)
-        return template.deep_copy()
+        return self._template(constraint).deep_copy()
 
     def _compile(self, constraint: Constraint):
         from llguidance import LLMatcher
 
-        matcher = LLMatcher(self._tokenizer(), constraint.grammar(), log_level=0)
+        matcher = LLMatcher(self._ll_tokenizer, constraint.grammar(), log_level=0)
         if matcher.is_error():
             problem = matcher.get_error().strip().splitlines()[0]
             raise InvalidRequestError(f"invalid {_LABELS[constraint.kind]}: {problem}", param=constraint.param)
         return matcher
 
-    def _tokenizer(self):
-        if self._ll_tokenizer is None:  # ~1 s for a 50k vocabulary: once per engine, on first use
-            import llguidance.hf
+    @functools.cached_property
+    def _ll_tokenizer(self):  # ~1 s for a 50k vocabulary: once per engine, on first use
+        import llguidance.hf
 
-            self._ll_tokenizer = llguidance.hf.from_tokenizer(self.tokenizer, n_vocab=self.vocab_size,
-                                                              eos_token=self.eos_id)
-        return self._ll_tokenizer
-
+        return llguidance.hf.from_tokenizer(self.tokenizer, n_vocab=self.vocab_size, eos_token=self.eos_id)
 
 def masks_needed(logits: torch.Tensor, params: list, matchers: list) -> list:
     """The matchers whose rows need a mask this step. A greedy row (no repetition penalty) whose

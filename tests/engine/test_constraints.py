@@ -88,7 +88,7 @@ def test_grammars_are_compiled_once_and_copied_per_request(demo):
     _, tokenizer = demo
     compiler = ConstraintCompiler(tokenizer, vocab_size=len(tokenizer), eos_id=tokenizer.eos_token_id)
     first, second = compiler.matcher(Constraint.json_schema(PERSON)), compiler.matcher(Constraint.json_schema(PERSON))
-    assert first is not second and len(compiler._templates) == 1
+    assert first is not second and compiler._template.cache_info().currsize == 1
     ids = tokenizer.encode('{"name": "x"', add_special_tokens=False)
     assert first.consume_tokens(ids) and not second.is_error()  # copies do not share state
     assert second.validate_tokens(ids) == len(ids)

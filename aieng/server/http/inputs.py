@@ -107,17 +107,16 @@ def constraint_of(body) -> Constraint | None:
             raise InvalidRequestError("response_format of type json_schema needs json_schema: {name, schema}",
                                       param="response_format.json_schema")
         found.append(Constraint.json_schema(fmt.json_schema.schema_, "response_format.json_schema.schema"))
-    outputs = body.structured_outputs
-    for param, schema, regex, choice in (
-            ("guided", body.guided_json, body.guided_regex, body.guided_choice),
-            ("structured_outputs", *((outputs.json_, outputs.regex, outputs.choice) if outputs else (None,) * 3))):
-        sep = "_" if param == "guided" else "."
+    sources = [("guided_", body.guided_json, body.guided_regex, body.guided_choice)]
+    if (outputs := body.structured_outputs) is not None:
+        sources.append(("structured_outputs.", outputs.json_, outputs.regex, outputs.choice))
+    for prefix, schema, regex, choice in sources:
         if schema is not None:
-            found.append(Constraint.json_schema(_schema(schema, f"{param}{sep}json"), f"{param}{sep}json"))
+            found.append(Constraint.json_schema(_schema(schema, prefix + "json"), prefix + "json"))
         if regex is not None:
-            found.append(Constraint("regex", regex, f"{param}{sep}regex"))
+            found.append(Constraint("regex", regex, prefix + "regex"))
         if choice is not None:
-            found.append(Constraint.choice(choice, f"{param}{sep}choice"))
+            found.append(Constraint.choice(choice, prefix + "choice"))
     if len(found) > 1:
         raise InvalidRequestError(f"at most one output constraint per request, got {len(found)}: "
                                   + ", ".join(c.param for c in found), param=found[1].param)
