@@ -30,9 +30,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import psutil
 import torch
 import torch.nn.functional as F
+
+from aieng import container_limits
 
 log = logging.getLogger("aieng.engine")
 
@@ -90,9 +91,10 @@ def measure_format_plan(model, *, repeats: int = 5) -> FormatPlan:
     if weight.device.type != "cpu" or weight.dtype != torch.float32:
         return FormatPlan()  # on a GPU, or already in a reduced precision: one format
     copy_bytes = sum(p.numel() for p in model.parameters()) * 2
-    if copy_bytes > psutil.virtual_memory().available * 0.5:
+    available = container_limits.limits().memory_available_bytes  # a container's limit, when tighter
+    if copy_bytes > available * 0.5:
         log.info("no bf16 weight copy: it would take %.0f MiB of %.0f MiB available", copy_bytes / 2**20,
-                 psutil.virtual_memory().available / 2**20, extra={"event": "engine_weight_formats"})
+                 available / 2**20, extra={"event": "engine_weight_formats"})
         return FormatPlan()
     # Up to STREAMED_TOKENS a step is bound by how fast the weights arrive, and one layer's matrices
     # would sit in the last-level cache (300 MiB on this project's CPU) where fp32 looks as cheap

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import psutil
 import torch
 
+from aieng import container_limits
 from aieng.errors import ModelLoadError
 
 GiB = 1024**3
@@ -46,9 +46,13 @@ def memory_budget(num_parameters: int, dtype: torch.dtype, device: torch.device,
         allowed = int(min(free, total * gpu_memory_fraction))
         detail = f"min(free {free / GiB:.2f} GiB, total {total / GiB:.2f} GiB × {gpu_memory_fraction})"
     else:
-        available = available_bytes if available_bytes is not None else psutil.virtual_memory().available
+        if available_bytes is not None:
+            available, where = available_bytes, "available RAM"
+        else:  # a container's memory limit, when tighter than the host (container_limits.py)
+            limits = container_limits.limits()
+            available, where = limits.memory_available_bytes, f"available RAM ({limits.source})"
         allowed = int(available * memory_headroom)
-        detail = f"available RAM {available / GiB:.2f} GiB × headroom {memory_headroom}"
+        detail = f"{where} {available / GiB:.2f} GiB × headroom {memory_headroom}"
     return MemoryBudget(device=str(device), needed_bytes=needed, allowed_bytes=allowed, detail=detail)
 
 

@@ -24,9 +24,9 @@ The rules (why each one):
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, replace
 
+from aieng import container_limits
 from aieng.errors import ConfigError
 
 PER_WORKER_OVERHEAD = 384 * 2**20  # interpreter, tokenizer, HTTP stack, allocator slack
@@ -125,7 +125,6 @@ def plan_for_model(settings, loaded) -> WorkerPlan:
 
     ``settings.torch_threads`` (when not 0) overrides the thread count.
     """
-    import psutil
     import torch
 
     from aieng.loading.device import wants_cuda
@@ -134,9 +133,12 @@ def plan_for_model(settings, loaded) -> WorkerPlan:
         raise ConfigError(f"torch threads must be >= 0 (0 = cores // workers), got {settings.torch_threads}")
     needs = memory_needs(settings, loaded)
     gpus = torch.cuda.device_count() if wants_cuda(settings.device) else 0
-    plan = plan_workers(cores=os.cpu_count() or 1, available_bytes=psutil.virtual_memory().available,
+    limits = container_limits.limits()  # a container's CPU quota and memory limit, not the node's
+    plan = plan_workers(cores=limits.cores, available_bytes=limits.memory_available_bytes,
                         weight_bytes=needs.weight_bytes, per_worker_bytes=needs.per_worker_bytes,
                         device="cuda" if gpus else "cpu", gpus=gpus, requested=settings.workers)
+    if limits.source != "host":
+        plan = replace(plan, reason=f"{plan.reason}; {limits.describe()}")
     if settings.torch_threads:
         plan = replace(plan, torch_threads=settings.torch_threads,
                        reason=plan.reason + f"; torch threads set to {settings.torch_threads}")
