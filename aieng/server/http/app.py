@@ -109,7 +109,7 @@ async def _submit(runtime, body, build, request: Request):
     try:
         return serving, serving.bridge.submit(await build(serving), priority=body.priority, timeout=body.timeout)
     except NotReadyError:
-        if serving is runtime.serving or serving is runtime.canary or runtime.draining:
+        if serving is runtime.serving or serving is runtime.canary or runtime.admission_closed:
             raise
     serving = pick(runtime, body.model, key)  # the version that replaced it
     serving_version.set(serving.version)

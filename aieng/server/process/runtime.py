@@ -81,7 +81,8 @@ class Runtime:
         self.bridge = None  # aieng.server.http.bridge.Bridge of the serving version
         self.inputs = None  # aieng.server.http.inputs.RequestBuilder of the serving version
         self.ready = False
-        self.draining = False
+        self.draining = False  # readiness is 503 (SIGTERM): balancers stop sending; requests still served
+        self.admission_closed = False  # after the drain delay: new requests are refused
         self.stuck: str | None = None  # why, once the step watchdog found the engine thread wedged
         self.on_stuck = None  # () -> None: how this process ends itself once stuck (the gunicorn worker sets it)
         self.watchdog: StepWatchdog | None = None
@@ -228,7 +229,7 @@ class Runtime:
     def require_ready(self) -> None:
         if self.stuck:
             raise NotReadyError(self.stuck, code="engine_stuck")
-        if self.draining:
+        if self.admission_closed:
             raise NotReadyError("the server is draining; retry on another instance")
         if not self.ready and self.progress.phase == FAILED:
             raise NotReadyError("this worker failed to start (its log says why); retry on another instance")
@@ -240,6 +241,8 @@ class Runtime:
         (``starting``, ``failed``, ``draining``, ``stuck``) and, while starting, the phase, its detail and
         seconds in it; 200 with the model, plus the phase when the engine runs one while serving."""
         try:
+            if self.draining and not self.stuck:
+                raise NotReadyError("the server is draining; retry on another instance")
             self.require_ready()
         except NotReadyError as exc:
             if self.stuck:
@@ -267,13 +270,21 @@ class Runtime:
         import asyncio
 
         deadline = time.monotonic() + timeout_s
-        while not self.ready and not self.draining and self.progress.phase != FAILED and time.monotonic() < deadline:
+        while not self.ready and not self.admission_closed and self.progress.phase != FAILED and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         self.require_ready()
 
     def drain(self) -> None:
-        """Readiness turns 503 and no new request is admitted; in-flight ones finish."""
+        """Lame duck: readiness turns 503 so that load balancers stop sending, but what still
+        arrives is served, for the drain delay, until ``close_admission``. A balancer that only
+        polls health checks (HAProxy, nginx plus, a cloud LB) notices a few checks later; a
+        request it sent meanwhile must not fail."""
         self.draining = True
+
+    def close_admission(self) -> None:
+        """After the drain delay: no new request is admitted (503 ``not_ready``, retryable);
+        in-flight ones finish."""
+        self.draining = self.admission_closed = True
         if self.engine_loop is not None:
             self.engine_loop.scheduler.drain()
         if self.canary is not None:

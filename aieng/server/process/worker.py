@@ -1,9 +1,10 @@
 """The gunicorn worker: uvicorn, plus a graceful drain on SIGTERM.
 
-On SIGTERM the worker first turns readiness to 503 and stops admitting new requests, keeps
-serving what is in flight, and only after ``drain_delay_s`` lets uvicorn close the listener and
-wait for the remaining responses (up to gunicorn's ``graceful_timeout``). The delay gives load
-balancers polling ``/health/ready`` time to stop sending traffic.
+On SIGTERM the worker first turns readiness to 503 but goes on serving, new requests included
+(a lame duck), for ``drain_delay_s``: load balancers polling ``/health/ready`` need a few checks to
+take it out, and what they send meanwhile must not fail. Then it stops admitting (503
+``not_ready``, retryable, with ``Connection: close``), closes the listener and waits for the
+responses in flight (up to gunicorn's ``graceful_timeout``).
 """
 
 from __future__ import annotations
@@ -107,9 +108,13 @@ class DrainingServer(Server):
         runtime = self.runtime
         if runtime is None or runtime.draining or self._loop is None:
             return super().handle_exit(sig, frame)  # a second signal: stop now
-        runtime.drain()
+        runtime.drain()  # readiness 503 at once; requests still admitted for the drain delay
         delay = runtime.config.drain_delay_s
-        self._loop.call_soon_threadsafe(self._loop.call_later, delay, self._retire, f"signal {sig}")
+        self._loop.call_soon_threadsafe(self._loop.call_later, delay, self._close_after_drain_delay, sig)
+
+    def _close_after_drain_delay(self, sig) -> None:
+        self.runtime.close_admission()
+        self._retire(f"signal {sig}")
 
 
 def resident_bytes() -> int:
