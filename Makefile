@@ -58,7 +58,7 @@ serve: demo
 test: $(DEV_STAMP) demo audit
 	@if command -v promtool >/dev/null; then promtool check rules deploy/prometheus/alerts.yml; \
 	  else echo "promtool not found: alert rules unchecked (apt-get install prometheus)"; fi
-	$(BIN)/python -m pytest tests --nbval-lax notebooks -p no:cacheprovider
+	$(BIN)/python -m pytest tests --nbval-lax notebooks -p no:cacheprovider --durations=25
 
 lab: $(DEV_STAMP) demo
 	$(BIN)/jupyter lab notebooks/
