@@ -156,10 +156,10 @@ backend replicas
         self.process.wait(10)
 
 
-def start_replica(store, balancer: Balancer, slot: int, extra=()) -> ServerProcess:
+def start_replica(store, balancer: Balancer, slot: int) -> ServerProcess:
     replica = ServerProcess(store=store.root, port=balancer.slot_ports[slot], extra_args=[
         "--workers", "1", "--no-compile", "--max-batch-size", "4", "--drain-delay", str(DRAIN_DELAY_S),
-        "--graceful-timeout", str(GRACEFUL_TIMEOUT_S), *extra]).start()
+        "--graceful-timeout", str(GRACEFUL_TIMEOUT_S)]).start()
     balancer.wait(slot, "UP")
     return replica
 
@@ -171,105 +171,105 @@ def balancer(tmp_path):
     balancer.stop()
 
 
-@pytest.fixture
-def stream_body(render):
-    return {"model": "demo", "prompt": render("reverse: egg fish gold"), "max_tokens": 24, "temperature": 0,
-            "ignore_eos": True, "stream": True}
-
-
-def test_rolling_replacement_of_every_replica_under_streaming_load_loses_no_request(demo_store, balancer,
-                                                                                     stream_body):
+def test_replicas_behind_haproxy_scale_roll_over_and_survive_a_kill(demo_store, balancer, render):
+    """One scenario, three checks in the order an operator meets them (two replica starts fewer
+    than three separate tests: each costs seconds on 2 cores)."""
     replicas = {0: start_replica(demo_store, balancer, 0), 1: start_replica(demo_store, balancer, 1)}
+    stream_body = {"model": "demo", "prompt": render("reverse: egg fish gold"), "max_tokens": 24, "temperature": 0,
+                   "ignore_eos": True, "stream": True}
     try:
-        with Load(balancer.url, stream_body) as load:
-            time.sleep(2.0)  # steady state first
-            for old, new in ((0, 2), (1, 3)):  # start new, wait ready (the balancer sees it up), SIGTERM old
-                replicas[new] = start_replica(demo_store, balancer, new)
-                signalled = time.monotonic()
-                os.kill(replicas[old].process.pid, signal.SIGTERM)
-                noticed = balancer.wait(old, "DOWN", timeout=DRAIN_DELAY_S + 5)
-                assert replicas[old].process.wait(GRACEFUL_TIMEOUT_S + 10) == 0  # drained, then a clean exit
-                assert noticed < DRAIN_DELAY_S, "the balancer noticed only after admission had closed"
-                served_late = [o for o in load.outcomes if o.replica == f"r{old}" and o.started > signalled]
-                replicas.pop(old).stop()
-                time.sleep(1.0)
-            time.sleep(1.0)
-        finished = [o for o in load.outcomes if o.ended]
-        assert len(finished) > 100 and {o.replica for o in finished} >= {"r0", "r1", "r2", "r3"}
-        assert load.failed() == [], load.failed()[:5]
-        print(f"rolling replacement: {len(finished)} streams, 0 failed; the last old replica served "
-              f"{len(served_late)} request(s) sent after its SIGTERM (the lame-duck drain delay)")
+        check_the_image_healthcheck(replicas[0])
+        check_the_waiting_requests_metric_rises_with_load(balancer, replicas, render)
+        check_a_rolling_replacement_of_every_replica_loses_no_request(demo_store, balancer, replicas, stream_body)
+        check_a_sigkilled_replica_fails_only_its_in_flight_requests(balancer, replicas, stream_body)
     finally:
         for replica in replicas.values():
             replica.stop()
 
 
-def test_a_sigkilled_replica_fails_only_its_in_flight_requests_and_is_taken_out(demo_store, balancer, stream_body):
-    replicas = {0: start_replica(demo_store, balancer, 0), 1: start_replica(demo_store, balancer, 1)}
-    try:
-        with Load(balancer.url, stream_body) as load:
-            time.sleep(2.0)
-            processes = [psutil.Process(replicas[0].process.pid)]
-            processes += processes[0].children(recursive=True)
-            kill_sent = time.monotonic()
-            os.killpg(replicas[0].process.pid, signal.SIGKILL)  # the container dies: master and worker
-            watcher = ThreadPoolExecutor(1).submit(balancer.wait, 0, "DOWN", 15)  # seconds from the kill
-            replicas[0].process.wait(10)
-            psutil.wait_procs(processes, timeout=10)
-            # Gone: until here the kernel still completed connections to its socket. In flight: on
-            # r0, or not answered yet (a stream's headers come with its first token), so maybe on r0.
-            killed_at = time.monotonic()
-            in_flight = [o for o in list(load.outcomes)
-                         if o.replica in ("r0", "") and o.started < killed_at and (not o.ended or o.ended >= kill_sent)]
-            out_after = watcher.result()
-            time.sleep(3.0)
-        failed = load.failed()
-        assert all(o.replica in ("r0", "") and o.started < killed_at for o in failed), [
-            (round(o.started - killed_at, 3), round(o.ended - killed_at, 3), o.replica, o.error[:80]) for o in failed]
-        assert len(failed) <= len(in_flight)
-        # FALL failed checks once the processes are gone, with a loaded machine's slack
-        assert out_after <= (killed_at - kill_sent) + (FALL + 1) * CHECK_INTER_S + 1.0
-        later = [o for o in load.outcomes if o.started > kill_sent + out_after + CHECK_INTER_S]
-        assert later and all(o.ok and o.replica == "r1" for o in later)
-        print(f"SIGKILL: {len(failed)} failed, of {len(in_flight)} that were in flight on the killed replica or "
-              f"not yet answered; out of the balancer {out_after:.2f} s after the kill (the processes took "
-              f"{killed_at - kill_sent:.2f} s to die); {len(later)} later requests all served by r1")
-    finally:
-        for replica in replicas.values():
-            replica.stop()
+def check_the_image_healthcheck(replica) -> None:
+    """deploy/container's HEALTHCHECK command, against a real replica and a port nothing serves."""
+    healthcheck = [sys.executable, str(ROOT / "deploy" / "container" / "healthcheck.py"), "ready"]
+    for port, expected in ((replica.port, 0), (free_port(), 1)):
+        run = subprocess.run(healthcheck, env={**os.environ, "AIENG_PORT": str(port)}, timeout=30)
+        assert run.returncode == expected
 
 
-def test_the_waiting_requests_metric_rises_with_load(demo_store, balancer, render):
-    replicas = [start_replica(demo_store, balancer, 0), start_replica(demo_store, balancer, 1)]
+def check_the_waiting_requests_metric_rises_with_load(balancer, replicas, render) -> None:
     body = {"model": "demo", "prompt": render("reverse: egg fish gold"), "max_tokens": 64, "temperature": 0,
             "ignore_eos": True}
 
     def waiting() -> float:
-        return sum(sample_value(httpx.get(f"{r.base_url}/metrics").text, "aieng_requests_waiting") for r in replicas)
+        return sum(sample_value(httpx.get(f"{r.base_url}/metrics").text, "aieng_requests_waiting")
+                   for r in replicas.values())
 
-    try:
-        # the image's HEALTHCHECK command, against a real replica and against a port nothing serves
-        healthcheck = [sys.executable, str(ROOT / "deploy" / "container" / "healthcheck.py")]
-        for port, expected in ((replicas[0].port, 0), (free_port(), 1)):
-            run = subprocess.run([*healthcheck, "ready"], env={**os.environ, "AIENG_PORT": str(port)}, timeout=30)
-            assert run.returncode == expected
-        idle = waiting()
-        with httpx.Client(timeout=120) as client:
-            threads = [threading.Thread(target=client.post, args=(f"{balancer.url}/v1/completions",),
-                                        kwargs={"json": body}) for _ in range(32)]
-            for thread in threads:
-                thread.start()
-            peak, deadline = 0.0, time.monotonic() + 20
-            while time.monotonic() < deadline and any(t.is_alive() for t in threads):
-                peak = max(peak, waiting())
-                time.sleep(0.1)
-            for thread in threads:
-                thread.join(120)
-        assert idle == 0 and waiting() == 0
-        # 32 requests on 2 replicas of 4 rows each: 24 must wait; the HPA's target is 5 per pod
-        assert peak >= 10, peak
-        print(f"aieng_requests_waiting: 0 idle, {peak:.0f} at peak under 32 concurrent requests on 2 replicas of "
-              f"4 rows: the HPA would ask for {math.ceil(peak / 5)} replicas")
-    finally:
-        for replica in replicas:
-            replica.stop()
+    idle = waiting()
+    with httpx.Client(timeout=120) as client:
+        threads = [threading.Thread(target=client.post, args=(f"{balancer.url}/v1/completions",),
+                                    kwargs={"json": body}) for _ in range(48)]
+        for thread in threads:
+            thread.start()
+        peak, deadline = 0.0, time.monotonic() + 20
+        while time.monotonic() < deadline and any(t.is_alive() for t in threads):
+            peak = max(peak, waiting())
+            time.sleep(0.1)
+        for thread in threads:
+            thread.join(120)
+    assert idle == 0 and waiting() == 0
+    # 48 requests on 2 replicas of 4 rows each: 40 must wait at first; the HPA's target is 5 per pod
+    assert peak >= 10, peak
+    print(f"aieng_requests_waiting: 0 idle, {peak:.0f} at peak under 48 concurrent requests on 2 replicas of "
+          f"4 rows: the HPA would ask for {math.ceil(peak / 5)} replicas")
+
+
+def check_a_rolling_replacement_of_every_replica_loses_no_request(store, balancer, replicas, stream_body) -> None:
+    with Load(balancer.url, stream_body) as load:
+        time.sleep(2.0)  # steady state first
+        for old, new in ((0, 2), (1, 3)):  # start new, wait ready (the balancer sees it up), SIGTERM old
+            replicas[new] = start_replica(store, balancer, new)
+            signalled = time.monotonic()
+            os.kill(replicas[old].process.pid, signal.SIGTERM)
+            noticed = balancer.wait(old, "DOWN", timeout=DRAIN_DELAY_S + 5)
+            assert replicas[old].process.wait(GRACEFUL_TIMEOUT_S + 10) == 0  # drained, then a clean exit
+            assert noticed < DRAIN_DELAY_S, "the balancer noticed only after admission had closed"
+            served_late = [o for o in load.outcomes if o.replica == f"r{old}" and o.started > signalled]
+            replicas.pop(old).stop()
+            time.sleep(1.0)
+        time.sleep(1.0)
+    finished = [o for o in load.outcomes if o.ended]
+    assert len(finished) > 100 and {o.replica for o in finished} >= {"r0", "r1", "r2", "r3"}
+    assert load.failed() == [], load.failed()[:5]
+    print(f"rolling replacement: {len(finished)} streams, 0 failed; the last old replica served "
+          f"{len(served_late)} request(s) sent after its SIGTERM (the lame-duck drain delay)")
+
+
+def check_a_sigkilled_replica_fails_only_its_in_flight_requests(balancer, replicas, stream_body) -> None:
+    victim, survivor = sorted(replicas)
+    with Load(balancer.url, stream_body) as load:
+        time.sleep(2.0)
+        processes = [psutil.Process(replicas[victim].process.pid)]
+        processes += processes[0].children(recursive=True)
+        kill_sent = time.monotonic()
+        os.killpg(replicas[victim].process.pid, signal.SIGKILL)  # the container dies: master and worker
+        watcher = ThreadPoolExecutor(1).submit(balancer.wait, victim, "DOWN", 15)  # seconds from the kill
+        replicas[victim].process.wait(10)
+        psutil.wait_procs(processes, timeout=10)
+        # Gone: until here the kernel still completed connections to its socket. In flight: on the
+        # victim, or not answered yet (a stream's headers come with its first token), so maybe on it.
+        killed_at = time.monotonic()
+        suspects = (f"r{victim}", "")
+        in_flight = [o for o in list(load.outcomes)
+                     if o.replica in suspects and o.started < killed_at and (not o.ended or o.ended >= kill_sent)]
+        out_after = watcher.result()
+        time.sleep(3.0)
+    failed = load.failed()
+    assert all(o.replica in suspects and o.started < killed_at for o in failed), [
+        (round(o.started - killed_at, 3), round(o.ended - killed_at, 3), o.replica, o.error[:80]) for o in failed]
+    assert len(failed) <= len(in_flight)
+    # FALL failed checks once the processes are gone, with a loaded machine's slack
+    assert out_after <= (killed_at - kill_sent) + (FALL + 1) * CHECK_INTER_S + 1.0
+    later = [o for o in load.outcomes if o.started > kill_sent + out_after + CHECK_INTER_S]
+    assert later and all(o.ok and o.replica == f"r{survivor}" for o in later)
+    print(f"SIGKILL: {len(failed)} failed, of {len(in_flight)} that were in flight on the killed replica or "
+          f"not yet answered; out of the balancer {out_after:.2f} s after the kill (the processes took "
+          f"{killed_at - kill_sent:.2f} s to die); {len(later)} later requests all served by r{survivor}")
