@@ -77,6 +77,9 @@ class Settings:
                                        "TORCHINDUCTOR_CACHE_DIR, when set, wins", shown="./var/compile-cache")
     int8: bool = _setting(False, "int8 dynamic quantization of Linear layers, CPU only; "
                                  "`aieng bench engine --int8` and `aieng eval N --int8` measure it")
+    oom_degrade: bool = _setting(False, "a request that runs out of memory alone after generating some tokens ends "
+                                        "with them (finish_reason length, aieng_oom_degraded_total) instead of a "
+                                        "503; a prompt that does not fit alone still fails")
     metrics: bool = _setting(True, "record Prometheus metrics at /metrics (0 only to measure their cost)")
     log_payload_sample: float = _setting(0.0, "share of requests whose prompt and output are logged, in [0, 1]",
                                          kind="rate")

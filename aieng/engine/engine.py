@@ -30,10 +30,10 @@ import torch
 from aieng.engine.choices import ChoiceGroups
 from aieng.engine.constraints import ConstraintCompiler
 from aieng.engine.hf_model import pad_token_id, prepare_model, refuse_sliding_window
-from aieng.engine.oom import out_of_memory_error
+from aieng.engine.oom import out_of_memory_event
 from aieng.engine.prefill_budget import PrefillBudget
 from aieng.engine.params import GenerationResult, SamplingParams, validate_request
-from aieng.engine.request import GenerationRequest, StepResult, TokenEvent, error_event
+from aieng.engine.request import GenerationRequest, StepResult, TokenEvent
 from aieng.engine.row import Row, sample_rows
 from aieng.engine.runner import Chunk
 from aieng.engine.runner_choice import make_runner
@@ -53,6 +53,7 @@ class EngineConfig:
     prefill_chunk_tokens: int = 256  # prompt tokens prefilled per step (native forward)
     weight_formats: str = "float32"  # float32 | bfloat16 | auto: measured per step size (formats.py)
     compile_budget_s: float | None = None  # warm-up waits this long for compilation, then serves eagerly
+    oom_degrade: bool = False  # a decoding row out of memory alone ends with its text (length), not an error
     warmup_prompt_lengths: tuple[int, ...] = (8, 32, 128)
     warmup_batch_sizes: tuple[int, ...] = (1, 8)
 
@@ -224,7 +225,7 @@ class Engine:
         events = []
         for request in requests:  # rows held, and the other choices of prompts still prefilling
             if len(self.rows) + sum(r.request.params.n - 1 for r in self.prefilling) + request.params.n > self.max_rows:
-                events.append(self._fail(request, None))
+                events.append(out_of_memory_event(request, None))
                 continue
             self.runner.admit(request.request_id)
             row = Row.start(request, self.tokenizer, self.device)
@@ -261,7 +262,8 @@ class Engine:
                                         decoding=bool(decoding))
         self.counts["prefill_calls"] += bool(chunks)
         self.counts["decode_steps"] += bool(decoding)
-        events = [self._fail(self.rows[rid].request, exc) for rid, exc in out.failed.items()]
+        events = [out_of_memory_event(self.rows[rid].request, exc, row=self.rows[rid], degrade=self.config.oom_degrade)
+                  for rid, exc in out.failed.items()]
         for chunk in chunks:
             if chunk.request_id not in out.failed:
                 self.prefilled[chunk.request_id] += len(chunk.token_ids)
@@ -312,9 +314,3 @@ class Engine:
         for rid in request_ids:
             self.rows.pop(rid, None)
             self.prefilled.pop(rid, None)
-
-    def _fail(self, request: GenerationRequest, exc: BaseException | None) -> TokenEvent:
-        log.error("out of memory even alone in the batch: %s", exc or "no free KV slot",
-                  extra={"event": "engine_oom", "trace_id": request.trace_id, "prompt_tokens": len(request.prompt_ids)})
-        return error_event(request.request_id, out_of_memory_error(), prompt_tokens=len(request.prompt_ids))
-

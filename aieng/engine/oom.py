@@ -71,6 +71,32 @@ def bisect_on_oom(items: Sequence[T], attempt: Callable[[Sequence[T]], R], *, co
     return combine(again(items[:half]), again(items[half:]))
 
 
+def degraded_event(row, exc: BaseException | None):
+    """The degraded mode (``AIENG_OOM_DEGRADE=1``): a row that runs out of memory even alone,
+    after it has generated something, ends as if its ``max_tokens`` had been reached, with
+    ``finish_cause`` ``out_of_memory`` (counted in ``aieng_oom_degraded_total``). The trade-off:
+    a client that does not check ``finish_reason`` takes a cut answer for a whole one; one that
+    does can ask again. A prompt that does not fit alone still fails: no shorter answer helps it."""
+    log.warning("out of memory even alone in the batch after %d tokens: ending the request with them (degraded "
+                "mode): %s", len(row.generated), exc,
+                extra={"event": "engine_oom_degraded", "trace_id": row.request.trace_id,
+                       "completion_tokens": len(row.generated)})
+    return row.truncate("out_of_memory")
+
+
+def out_of_memory_event(request, exc: BaseException | None, *, row=None, degrade: bool = False):
+    """The final event of a request that ran out of memory alone in its batch (or found no free KV
+    slot): a 503 ``out_of_memory`` error, or with ``degrade`` and tokens already generated, the
+    degraded ending."""
+    from aieng.engine.request import error_event
+
+    if degrade and row is not None and row.generated:
+        return degraded_event(row, exc)
+    log.error("out of memory even alone in the batch: %s", exc or "no free KV slot",
+              extra={"event": "engine_oom", "trace_id": request.trace_id, "prompt_tokens": len(request.prompt_ids)})
+    return error_event(request.request_id, out_of_memory_error(), prompt_tokens=len(request.prompt_ids))
+
+
 def out_of_memory_error() -> OutOfMemoryRowError:
     return OutOfMemoryRowError("out of memory while generating for this request, even alone in its batch. "
                                "Retry with a shorter prompt or fewer max_tokens")

@@ -98,6 +98,19 @@ class Row:
                           choice_finish=finish, prompt_logprobs=self.prompt_logprobs if len(self.generated) == 1 else None)
 
 
+    def truncate(self, cause: str) -> TokenEvent:
+        """End now with what was generated, as if ``max_tokens`` had been reached (the degraded
+        out-of-memory mode, ``oom.py``): finish_reason ``length``, ``finish_cause`` says why."""
+        text = self.stops.feed(self.detokenizer.flush())
+        finish = "stop" if self.stops.stopped else "length"
+        if not self.stops.stopped:
+            text += self.stops.flush()
+        return TokenEvent(self.request_id, None, text, finished=True, finish_reason=finish,
+                          finish_cause="stop_string" if self.stops.stopped else cause,
+                          prompt_tokens=len(self.request.prompt_ids), completion_tokens=len(self.generated),
+                          token_ids=tuple(self.generated), choice_finish=finish)
+
+
 def sample_rows(rows: Sequence[Row], logits: torch.Tensor, *, eos_ids: set[int], context_length: int) -> list[TokenEvent]:
     """One step's tokens for ``rows`` from their ``logits`` [B, V]: sampled, their logprobs where asked
     for, and each row's event."""

@@ -28,6 +28,9 @@ class LoadConfig:
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16
     memory_headroom: float = 0.8  # share of available RAM the weights may use
     gpu_memory_fraction: float = 0.9  # share of GPU memory the weights may use
+    # Weights split layer by layer across GPUs (transformers' device_map="auto"): device index ->
+    # bytes allowed there. Set by the worker plan when one GPU is too small (aieng.gpus.split_plan).
+    max_memory: dict[int, int] | None = None
 
     @classmethod
     def from_settings(cls, settings) -> "LoadConfig":
@@ -96,13 +99,22 @@ def _load(path: Path, *, label: str, num_parameters: int, config: LoadConfig) ->
                              "serve a model whose architecture transformers ships", code="remote_code_refused")
     device = choose_device(config.device)
     dtype = choose_dtype(config.dtype, device)
-    budget = check_memory_budget(label, num_parameters, dtype, device, memory_headroom=config.memory_headroom,
-                                 gpu_memory_fraction=config.gpu_memory_fraction)
+    split = config.max_memory is not None and device.type == "cuda"
+    if split:  # split_plan checked the sum over the GPUs; each one's share is its max_memory
+        device = torch.device("cuda", min(config.max_memory))
+        budget = MemoryBudget(device="cuda (split)", needed_bytes=num_parameters * dtype.itemsize,
+                              allowed_bytes=sum(config.max_memory.values()),
+                              detail=f"split across {len(config.max_memory)} GPUs")
+    else:
+        budget = check_memory_budget(label, num_parameters, dtype, device, memory_headroom=config.memory_headroom,
+                                     gpu_memory_fraction=config.gpu_memory_fraction)
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=False)
+    placement = {"device_map": "auto", "max_memory": dict(config.max_memory)} if split else {}
     model = AutoModelForCausalLM.from_pretrained(
-        path, local_files_only=True, trust_remote_code=False, use_safetensors=True, dtype=dtype
+        path, local_files_only=True, trust_remote_code=False, use_safetensors=True, dtype=dtype, **placement
     )
-    model.to(device)
+    if not split:
+        model.to(device)
     model.eval()
     if tokenizer.pad_token_id is None and tokenizer.eos_token_id is not None:
         tokenizer.pad_token = tokenizer.eos_token  # batching needs a pad id; eos is the usual stand-in

@@ -87,6 +87,9 @@ OUTPUT_GUARD = Counter("aieng_output_guard_total",
 # -- capacity and resources -----------------------------------------------------------------------
 OOM = Counter("aieng_oom_total", "Engine forwards that ran out of memory and were retried in halves, by phase.",
               ["phase"])
+OOM_DEGRADED = Counter("aieng_oom_degraded_total",
+                       "Requests that ran out of memory alone and, with AIENG_OOM_DEGRADE=1, ended early with what "
+                       "they had generated (finish_reason length) instead of an error.", ["version"])
 QUEUE_CAPACITY = Gauge("aieng_queue_capacity", "max_queue of a worker.", multiprocess_mode="livesum")
 TOKENS_PER_SECOND_BASELINE = Gauge("aieng_tokens_per_second_baseline",
                                    "Decode tokens/s from the manifest's performance_baseline (0 if none).",
@@ -98,10 +101,16 @@ HOST_MEMORY_TOTAL = Gauge("aieng_host_memory_total_bytes", "Host memory.", multi
 # never takes a reading, and so reported 0 bytes available on a healthy host.
 HOST_MEMORY_AVAILABLE = Gauge("aieng_host_memory_available_bytes", "Host memory available to new allocations.",
                               multiprocess_mode="livemostrecent")
-CUDA_ALLOCATED = Gauge("aieng_cuda_memory_allocated_bytes", "CUDA memory held by tensors.", multiprocess_mode="livesum")
+# Per GPU (device="cuda:N"), summed over the worker processes that use it; aieng.gpus reads them.
+CUDA_ALLOCATED = Gauge("aieng_cuda_memory_allocated_bytes", "CUDA memory held by tensors, per GPU.", ["device"],
+                       multiprocess_mode="livesum")
 CUDA_RESERVED = Gauge("aieng_cuda_memory_reserved_bytes",
-                      "CUDA memory reserved by the caching allocator (reserved - allocated = fragmentation).",
-                      multiprocess_mode="livesum")
+                      "CUDA memory reserved by the caching allocator, per GPU (reserved - allocated = fragmentation).",
+                      ["device"], multiprocess_mode="livesum")
+CUDA_TOTAL = Gauge("aieng_cuda_memory_total_bytes", "Memory of each GPU.", ["device"], multiprocess_mode="livemax")
+GPU_UTILIZATION = Gauge("aieng_gpu_utilization_ratio",
+                        "Share of the last sample period a kernel ran on the GPU (NVML; absent without nvidia-ml-py).",
+                        ["device"], multiprocess_mode="livemax")
 
 EARLY_EOS_TOKENS = 10
 
@@ -109,15 +118,19 @@ EARLY_EOS_TOKENS = 10
 def update_resource_gauges() -> None:
     """Memory gauges for this process (called on scrapes and, throttled, from the engine loop)."""
     import psutil
-    import torch
+
+    from aieng.gpus import memory_snapshot
 
     PROCESS_RESIDENT.set(psutil.Process().memory_info().rss)
     memory = psutil.virtual_memory()
     HOST_MEMORY_TOTAL.set(memory.total)
     HOST_MEMORY_AVAILABLE.set(memory.available)
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        CUDA_ALLOCATED.set(torch.cuda.memory_allocated())
-        CUDA_RESERVED.set(torch.cuda.memory_reserved())
+    for gpu in memory_snapshot():  # empty without CUDA, or before this process initialised it
+        CUDA_ALLOCATED.labels(device=gpu.device).set(gpu.allocated)
+        CUDA_RESERVED.labels(device=gpu.device).set(gpu.reserved)
+        CUDA_TOTAL.labels(device=gpu.device).set(gpu.total)
+        if gpu.utilization is not None:
+            GPU_UTILIZATION.labels(device=gpu.device).set(gpu.utilization)
 
 
 def observe_many(histogram, values: list[float]) -> None:
@@ -153,6 +166,8 @@ def record_finished(event, *, max_tokens: int, version: str) -> None:
     REQUESTS_FINISHED.labels(finish_reason=event.finish_reason, version=version).inc()
     PROMPT_TOKENS.labels(version=version).inc(event.prompt_tokens)
     GENERATION_TOKENS.labels(version=version).inc(event.completion_tokens)
+    if getattr(event, "finish_cause", None) == "out_of_memory":  # the degraded mode's ending (engine/oom.py)
+        OOM_DEGRADED.labels(version=version).inc()
     if (getattr(event, "finish_cause", None) == "eos" and event.completion_tokens <= EARLY_EOS_TOKENS
             and max_tokens > EARLY_EOS_TOKENS):
         EOS_EARLY.labels(version=version).inc()
@@ -171,5 +186,6 @@ def zero_series(version: str, error_codes) -> None:
     for phase in ("prefill", "decode"):
         OOM.labels(phase=phase)
     EOS_EARLY.labels(version=version)
+    OOM_DEGRADED.labels(version=version)
     GENERATION_TOKENS.labels(version=version)
     PROMPT_TOKENS.labels(version=version)

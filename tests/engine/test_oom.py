@@ -120,3 +120,32 @@ def test_each_step_reports_its_out_of_memory_splits_by_phase_and_the_metric_coun
     for phase in ("prefill", "decode"):
         counted = metrics.OOM.labels(phase=phase)._value.get() - before[phase]
         assert counted == sum(step.oom_splits.get(phase, 0) for step in steps)
+
+
+def test_degraded_mode_ends_a_row_that_cannot_decode_alone_with_what_it_has(demo, render, config):
+    from dataclasses import replace
+
+    from aieng.observability import metrics
+
+    model, tokenizer = demo
+    params = SamplingParams(max_tokens=12, temperature=0)
+    for degrade in (False, True):
+        engine = Engine(model, tokenizer, config=replace(config, oom_degrade=degrade))
+        request = GenerationRequest("r", engine.encode(render("reverse: egg fish gold")), params)
+        poison = GenerationRequest("huge", [7] * 97, params)
+        limit_batch(engine, 64, poison_length=97)
+        events = engine.prefill([request, poison])  # the prompt that does not fit alone fails in both modes
+        assert next(e for e in events if e.request_id == "huge").error.code == "out_of_memory"
+        first = [e for e in events if e.request_id == "r"]
+        limit_batch(engine, 0)  # then not even one row decodes
+        events = engine.decode()
+        (last,) = [e for e in events if e.request_id == "r"]
+        assert last.finished and engine.num_running == 0
+        if not degrade:
+            assert last.finish_reason == "error" and last.error.code == "out_of_memory"
+            continue
+        assert (last.finish_reason, last.finish_cause, last.error) == ("length", "out_of_memory", None)
+        assert last.completion_tokens == 1 and last.token_ids == tuple(e.token_id for e in first)
+        before = metrics.OOM_DEGRADED.labels(version="v")._value.get()
+        metrics.record_finished(last, max_tokens=12, version="v")
+        assert metrics.OOM_DEGRADED.labels(version="v")._value.get() == before + 1

@@ -27,7 +27,7 @@ import logging
 
 from aieng.engine import Engine
 from aieng.errors import ModelNotFoundError, request_error_codes
-from aieng.loading.loader import LoadConfig, load_version
+from aieng.loading.loader import load_version
 from aieng.observability import metrics
 from aieng.server.process.serving import Serving
 from aieng.store import ModelRef, ModelStore
@@ -95,7 +95,7 @@ class CanaryKeeper:
         runtime = self.runtime
         ref = ModelRef(runtime.ref.name, record.version)
         try:
-            loaded = load_version(ModelStore(runtime.settings.store), ref, LoadConfig.from_settings(runtime.settings))
+            loaded = load_version(ModelStore(runtime.settings.store), ref, runtime.load_config())
             engine = Engine(loaded.model, loaded.tokenizer, context_length=loaded.context_length,
                             config=runtime.config.engine, replacing=runtime.serving.engine)
             engine.warmup()

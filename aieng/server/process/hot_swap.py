@@ -48,7 +48,7 @@ from aieng.engine import Engine
 from aieng.engine.succession import (CacheHandover, awaits_kv_cache, hand_over_cache, own_cache, reclaim_cache,
                                       take_cache)
 from aieng.errors import AiengError
-from aieng.loading.loader import LoadConfig, load_version
+from aieng.loading.loader import load_version
 from aieng.observability import metrics
 from aieng.observability.logs import set_service
 from aieng.server.process.canary import CanaryKeeper
@@ -251,7 +251,7 @@ class HotSwapper:
         runtime = self.runtime
         ref = ModelRef(runtime.ref.name, version)
         start = time.perf_counter()
-        loaded = load_version(ModelStore(runtime.settings.store), ref, LoadConfig.from_settings(runtime.settings))
+        loaded = load_version(ModelStore(runtime.settings.store), ref, runtime.load_config())
         loaded_s = time.perf_counter() - start
         engine = Engine(loaded.model, loaded.tokenizer, context_length=loaded.context_length,
                         config=runtime.config.engine, replacing=runtime.serving.engine, kv_from_replaced=True)

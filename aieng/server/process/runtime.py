@@ -32,6 +32,7 @@ from aieng.loading.device import wants_cuda
 from aieng.loading.loader import LoadConfig, LoadedModel, load_version
 from aieng.observability.logs import set_service
 from aieng.scheduler import EngineLoop, SchedulerConfig
+from aieng.server.process import gpu_worker
 from aieng.server.process.hot_swap import HotSwapper
 from aieng.server.process.serving import Serving
 from aieng.server.process.compile_cache import compile_cache_counts, compile_cache_delta
@@ -62,7 +63,7 @@ class RuntimeConfig:
                               max_rows=settings.max_batch_size, kv_cache_bytes=settings.kv_cache_mb * 2**20,
                               prefill_chunk_tokens=settings.prefill_chunk_tokens,
                               weight_formats=settings.weight_formats,
-                              compile_budget_s=settings.compile_budget_s)
+                              compile_budget_s=settings.compile_budget_s, oom_degrade=settings.oom_degrade)
         scheduler = SchedulerConfig(max_batch_size=settings.max_batch_size, max_batch_tokens=settings.max_batch_tokens,
                                     max_queue=settings.max_queue, max_queue_delay_ms=settings.max_queue_delay_ms,
                                     default_timeout_s=settings.request_timeout_s)
@@ -93,6 +94,7 @@ class Runtime:
         self.progress = progress or StartupProgress()  # the phase a starting process is in; /health/ready shows it
         self.canary: Serving | None = None  # the version served beside `serving` to a share of requests
         self.canary_weight = 0.0
+        self.gpu_split = None  # aieng.gpus.SplitPlan when the weights span several GPUs (set before fork)
         self.swapper = HotSwapper(self)  # follows the store's `current` and canary record (hot_swap.py, canary.py)
 
     # -- master --------------------------------------------------------------------------------
@@ -158,9 +160,11 @@ class Runtime:
     def _start_engine(self) -> None:
         if self.config.torch_threads:
             torch.set_num_threads(self.config.torch_threads)
-        if self.loaded is None:
+        if self.loaded is None:  # CUDA (the master never loads there): this worker's GPU share first
+            gpu_worker.apply_fraction(self)
             store = PhasedStore(self.settings.store, self.progress, load_next=True)
-            self.loaded = load_version(store, self.ref, LoadConfig.from_settings(self.settings))
+            self.loaded = load_version(store, self.ref, self.load_config())
+            gpu_worker.fit_kv_to_gpu(self)  # the KV budget from what the weights and a probe left
         self.model_version = self.loaded.version
         self.progress.begin("engine", f"building the engine and its scheduler, {torch.get_num_threads()} torch thread(s)")
         if self.engine is None:  # not built before fork (CUDA, several torch threads, or in-process use)
@@ -184,6 +188,14 @@ class Runtime:
         self.serving = serving
         self.loaded, self.engine, self.model_version = serving.loaded, serving.engine, serving.version
         self.engine_loop, self.bridge, self.inputs = serving.engine_loop, serving.bridge, serving.inputs
+
+    def load_config(self) -> LoadConfig:
+        """How this process loads a version (its own, a hot swap's, a canary's): the settings,
+        plus the split across GPUs when the worker plan chose one."""
+        config = LoadConfig.from_settings(self.settings)
+        if self.gpu_split is not None and self.gpu_split.gpus_per_worker > 1:
+            config = replace(config, max_memory=self.gpu_split.max_memory)
+        return config
 
     def _build_engine(self) -> Engine:
         return Engine(self.loaded.model, self.loaded.tokenizer, context_length=self.loaded.context_length,
@@ -253,6 +265,8 @@ class Runtime:
             return 503, {**exc.envelope(), "status": "failed" if snapshot["phase"] == FAILED else "starting",
                          **snapshot}
         body = {"status": "ready", "model": self.model_name, "version": self.model_version}
+        if self.loaded is not None:  # on a GPU host, the GPU this worker is pinned to
+            body["device"] = str(self.loaded.device)
         if self.serving is not None and self.serving.template:
             body["template_version"] = self.serving.template.get("version")
         if self.swapper.last is not None:  # the last hot swap, failed ones included: the old version still serves

@@ -12,10 +12,13 @@ the worker.
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 from gunicorn.app.base import BaseApplication
 
+from aieng.gpus import default_alloc_conf
 from aieng.observability.logs import log_event
+from aieng.server.process import gpu_worker
 from aieng.server.http.app import create_app
 from aieng.server.process.compile_cache import use_compile_cache
 from aieng.server.process.runtime import Runtime, RuntimeConfig
@@ -47,10 +50,14 @@ def serve(settings: Settings, progress: StartupProgress | None = None) -> None:
     """``progress``: the CLI's, already running since before the heavy imports."""
     if settings.compile:  # before anything compiles; workers and compile subprocesses inherit it
         log_event(log, "compile_cache", **use_compile_cache(settings.compile_cache_dir))
+    default_alloc_conf()  # expandable segments, unless set: before any process initialises CUDA
     runtime = Runtime(RuntimeConfig.from_settings(settings), progress=progress)
     runtime.prepare()  # raises AiengError (verification, memory budget, remote code) before any fork
     plan = plan_for_model(settings, runtime.loaded)
     runtime.config.torch_threads = plan.torch_threads
+    if plan.split is not None and plan.split.gpus_per_worker > 1:  # one worker over several GPUs
+        runtime.gpu_split = plan.split
+        runtime.config.engine = replace(runtime.config.engine, native=False)  # the native forward is one-device
     log_event(log, "worker_plan", workers=plan.workers, torch_threads=plan.torch_threads, reason=plan.reason)
     runtime.warm_before_fork()
     runtime.progress.begin("workers", f"{plan.workers} worker(s) x {plan.torch_threads} torch thread(s)")
@@ -61,4 +68,6 @@ def serve(settings: Settings, progress: StartupProgress | None = None) -> None:
     options = {"bind": f"{settings.host}:{settings.port}", "workers": plan.workers,
                "graceful_timeout": settings.graceful_timeout_s, "loglevel": settings.log_level,
                "max_requests": settings.max_requests, "max_requests_jitter": settings.max_requests // 10}
+    if plan.gpus and runtime.gpu_split is None:  # worker i on cuda:i; a replacement takes its GPU back
+        options["pre_fork"] = gpu_worker.pre_fork_for(plan.gpus)
     GunicornApplication(app, options).run()

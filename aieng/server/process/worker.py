@@ -20,6 +20,7 @@ from gunicorn.arbiter import Arbiter
 from uvicorn.server import Server
 from uvicorn_worker import UvicornWorker
 
+from aieng.server.process.gpu_worker import pin_worker
 from aieng.server.process.http_protocol import GuardedHttpToolsProtocol
 
 log = logging.getLogger("aieng.server")
@@ -130,6 +131,8 @@ class AiengUvicornWorker(UvicornWorker):
     async def _serve(self) -> None:
         self.config.app = self.wsgi
         runtime = getattr(getattr(self.wsgi, "state", None), "runtime", None)
+        if runtime is not None:  # on a GPU host: this worker's GPU (gunicorn's pre_fork gave it a slot)
+            pin_worker(runtime, getattr(self, "gpu_slot", None))
         if runtime is not None:  # a wedged engine (step_watchdog.py) ends this worker the usual way: drain, exit
             runtime.on_stuck = lambda: os.kill(os.getpid(), signal.SIGTERM)
             settings = runtime.settings

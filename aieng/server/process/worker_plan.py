@@ -42,12 +42,16 @@ class WorkerPlan:
     workers: int
     torch_threads: int  # per worker
     reason: str
+    gpus: int = 0  # visible GPUs when serving on CUDA: worker i is pinned to cuda:i (gpu_worker.py)
+    split: object = None  # aieng.gpus.SplitPlan when the weights span several GPUs of one worker
 
 
 def plan_workers(*, cores: int, available_bytes: int, weight_bytes: int, per_worker_bytes: int,
                  device: str = "cpu", gpus: int = 0, requested: str | int = "auto",
-                 preload: bool = True) -> WorkerPlan:
-    """Workers and threads per worker for ``requested`` ("auto" or a count)."""
+                 preload: bool = True, gpus_per_worker: int = 1) -> WorkerPlan:
+    """Workers and threads per worker for ``requested`` ("auto" or a count). On CUDA, worker *i*
+    is pinned to GPU *i* (``gpu_pinning.py``); ``gpus_per_worker`` > 1 when the weights are split
+    across GPUs (``aieng.gpus.split_plan``), and then one worker serves them all."""
     cores = max(1, cores)
     if requested != "auto":
         workers = int(requested)
@@ -58,8 +62,12 @@ def plan_workers(*, cores: int, available_bytes: int, weight_bytes: int, per_wor
         threads, why = cpu_threads(cores, workers, weight_bytes)
         return WorkerPlan(workers, threads, f"{workers} requested; {cores} cores split between them; {why}")
     if device == "cuda":
-        workers = max(1, gpus) if gpus > 1 else 1
-        return WorkerPlan(workers, max(1, cores // workers), "CUDA: one worker per GPU (each needs its own context)")
+        if gpus_per_worker > 1:
+            return WorkerPlan(1, cores, f"CUDA: the weights are split across {gpus_per_worker} GPUs, one worker "
+                                        "serves them")
+        workers = max(1, gpus)
+        return WorkerPlan(workers, max(1, cores // workers),
+                          f"CUDA: one worker per GPU, worker i on cuda:i ({gpus} GPU(s); each needs its own context)")
     shared = weight_bytes if preload else 0
     private = per_worker_bytes + (0 if preload else weight_bytes)
     by_memory = max(1, (available_bytes - shared) // max(1, private))
@@ -132,17 +140,37 @@ def plan_for_model(settings, loaded) -> WorkerPlan:
     if settings.torch_threads < 0:
         raise ConfigError(f"torch threads must be >= 0 (0 = cores // workers), got {settings.torch_threads}")
     needs = memory_needs(settings, loaded)
-    gpus = torch.cuda.device_count() if wants_cuda(settings.device) else 0
+    gpus = torch.cuda.device_count() if wants_cuda(settings.device) else 0  # asks the driver; no CUDA context
+    split = gpu_split(settings, gpus)
     limits = container_limits.limits()  # a container's CPU quota and memory limit, not the node's
     plan = plan_workers(cores=limits.cores, available_bytes=limits.memory_available_bytes,
                         weight_bytes=needs.weight_bytes, per_worker_bytes=needs.per_worker_bytes,
-                        device="cuda" if gpus else "cpu", gpus=gpus, requested=settings.workers)
+                        device="cuda" if gpus else "cpu", gpus=gpus, requested=settings.workers,
+                        gpus_per_worker=split.gpus_per_worker if split else 1)
+    if gpus:
+        plan = replace(plan, gpus=gpus, split=split, reason=f"{plan.reason}; {split.reason}" if split else plan.reason)
     if limits.source != "host":
         plan = replace(plan, reason=f"{plan.reason}; {limits.describe()}")
     if settings.torch_threads:
         plan = replace(plan, torch_threads=settings.torch_threads,
                        reason=plan.reason + f"; torch threads set to {settings.torch_threads}")
     return plan
+
+
+def gpu_split(settings, gpus: int):
+    """On CUDA with ``device`` auto/cuda: whether the weights fit on one GPU or must be split
+    (``aieng.gpus.split_plan``), from the manifest's parameter count and the cards' totals
+    (read without a CUDA context in this process). None off CUDA or with a pinned ``cuda:N``."""
+    if not gpus or settings.device not in ("auto", "cuda"):
+        return None
+    from aieng.gpus import gpu_totals, split_plan
+    from aieng.store import ModelStore, parse_ref
+
+    ref = parse_ref(settings.model)
+    store = ModelStore(settings.store)
+    manifest = store.manifest(type(ref)(ref.name, store.resolve(ref)))
+    element = 4 if settings.dtype in ("float32", "fp32") else 2  # CUDA's auto dtype is bf16 or fp16
+    return split_plan(manifest.num_parameters * element, gpu_totals(), settings.gpu_memory_fraction)
 
 
 def kv_cache_bytes(config, context_length: int, rows: int, element_bytes: int) -> int:

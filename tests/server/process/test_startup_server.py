@@ -79,7 +79,7 @@ def test_start_up_is_visible_and_a_restart_reuses_the_compile_cache(demo_store):
     assert warming and all(body["status"] == "starting" and body["error"]["code"] == "not_ready" for body in warming)
     assert any(body["detail"] for body in warming) and all(body["elapsed_s"] >= 0 for body in warming)
     assert all(live == 200 for _, _, live in polls)
-    assert final == {"status": "ready", "model": "demo", "version": "1", "template_version": 1}
+    assert final == {"status": "ready", "model": "demo", "version": "1", "device": "cpu", "template_version": 1}
 
     # the log: every phase, each warm-up shape, and never silent for 10 s from spawn to ready
     started = [line["phase"] for line in lines if line["event"] == "startup_phase_start"]
@@ -112,4 +112,4 @@ def test_a_benchmark_waits_for_a_background_compilation_before_measuring(demo_st
     with proc:
         proc.wait_until_compiled(timeout=600)
         body = httpx.get(f"{proc.base_url}/health/ready").json()
-    assert body == {"status": "ready", "model": "demo", "version": "1", "template_version": 1}
+    assert body == {"status": "ready", "model": "demo", "version": "1", "device": "cpu", "template_version": 1}

@@ -1,0 +1,217 @@
+"""GPU hosts: which GPU a worker uses, how much of it aieng may take, and what it reads back.
+
+Everything device-specific is here, in two kinds of function:
+
+- *arithmetic* (``assign_slot``, ``pinned_device``, ``kv_budget``, ``split_plan``): pure, and
+  unit-tested on a CPU host with made-up device counts and memory figures;
+- *readings and settings* (``apply_memory_fraction``, ``measure_kv_budget``, ``memory_snapshot``):
+  each guarded so that on a host without CUDA it returns without touching torch.cuda's runtime.
+
+Nothing here initialises CUDA in the gunicorn master: ``torch.cuda.device_count()`` and
+``is_available()`` ask the driver through NVML without creating a context, which is what
+must hold before fork.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+log = logging.getLogger("aieng.server")
+
+ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
+# Segments that grow instead of new fixed-size blocks: far less fragmentation when batches and
+# prompt lengths vary from step to step (the first source article sets it; PyTorch documents it).
+DEFAULT_ALLOC_CONF = "expandable_segments:True"
+# What activations, the sampler and the allocator's own slack may take beyond the measured warm-up
+# peak, as a share of the GPU: a budget that ends at exactly the measured peak OOMs on the first
+# longer prompt.
+KV_SAFETY = 0.05
+
+
+def default_alloc_conf(environ=os.environ) -> str:
+    """Set ``PYTORCH_CUDA_ALLOC_CONF`` to expandable segments unless the user set it; before any
+    process touches CUDA (``aieng serve`` calls it first). Returns the value in force."""
+    environ.setdefault(ALLOC_CONF, DEFAULT_ALLOC_CONF)
+    return environ[ALLOC_CONF]
+
+
+def assign_slot(taken: Iterable[int | None], slots: int) -> int:
+    """The lowest GPU index no live worker holds. A worker that gunicorn replaces (killed,
+    recycled) frees its index, and its replacement takes that same GPU back."""
+    held = {slot for slot in taken if slot is not None}
+    for slot in range(slots):
+        if slot not in held:
+            return slot
+    return len(held) % max(1, slots)  # more workers than GPUs (asked for): share them round-robin
+
+
+def pinned_device(requested: str, slot: int | None) -> str:
+    """The device one worker uses: ``auto``/``cuda`` with a slot → ``cuda:<slot>``. An explicit
+    ``cuda:N`` or ``cpu`` is the user's choice and stays."""
+    if slot is None or requested not in ("auto", "cuda"):
+        return requested
+    return f"cuda:{slot}"
+
+
+def gpu_totals() -> list[int]:
+    """Each visible GPU's memory in bytes, read without creating a CUDA context in this process
+    (the gunicorn master must not have one when it forks): NVML when nvidia-ml-py is importable,
+    else a short-lived child process that asks torch."""
+    nvml = _nvml()
+    if nvml is not None:
+        try:
+            import torch
+
+            return [nvml.nvmlDeviceGetMemoryInfo(nvml.nvmlDeviceGetHandleByIndex(_physical_index(i))).total
+                    for i in range(torch.cuda.device_count())]
+        except Exception:
+            pass
+    import subprocess
+    import sys
+
+    code = ("import torch; print(' '.join(str(torch.cuda.get_device_properties(i).total_memory) "
+            "for i in range(torch.cuda.device_count())))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    return [int(part) for part in out.stdout.split()] if out.returncode == 0 else []
+
+
+@dataclass(frozen=True)
+class SplitPlan:
+    """Whether a model's weights fit on one GPU, and if not, across how many of one worker's."""
+    gpus_per_worker: int
+    max_memory: dict[int, int]  # device index -> bytes the weights may use there (transformers' max_memory)
+    reason: str
+
+
+def split_plan(weight_bytes: int, gpu_totals: list[int], fraction: float) -> SplitPlan:
+    """One GPU per worker when the weights fit in ``fraction`` of one; otherwise the weights are
+    split layer by layer across as many of the visible GPUs as they need (``device_map`` with
+    ``max_memory``: the first source article's way), and one worker serves them all."""
+    if not gpu_totals:
+        return SplitPlan(0, {}, "no GPU")
+    allowed = [int(total * fraction) for total in gpu_totals]
+    if weight_bytes <= allowed[0]:
+        return SplitPlan(1, {}, f"{weight_bytes / 2**30:.1f} GiB of weights fit in {fraction:g} of one GPU")
+    need, total = 0, 0
+    for need, room in enumerate(allowed, start=1):
+        total += room
+        if weight_bytes <= total:
+            break
+    else:
+        from aieng.errors import ModelLoadError
+
+        raise ModelLoadError(f"{weight_bytes / 2**30:.1f} GiB of weights do not fit in {fraction:g} of all "
+                             f"{len(gpu_totals)} GPU(s) ({total / 2**30:.1f} GiB); raise AIENG_GPU_MEMORY_FRACTION, "
+                             "use a smaller dtype, or a host with more GPU memory")
+    return SplitPlan(need, {i: allowed[i] for i in range(need)},
+                     f"{weight_bytes / 2**30:.1f} GiB of weights split across {need} GPUs ({fraction:g} of each)")
+
+
+def kv_budget(*, total: int, free: int, fraction: float, allocated: int, peak_activations: int,
+              safety: float = KV_SAFETY) -> int:
+    """Bytes the static KV cache may take: this process's share of the GPU (``fraction`` of
+    ``total``) less what its weights hold (``allocated``) and the activation peak a probe forward
+    measured, and never more than the card has ``free`` (other processes share it) less that same
+    peak; a safety share of the card is kept out of both. Never negative."""
+    share = int(total * (fraction - safety)) - allocated - peak_activations
+    left = free - peak_activations - int(total * safety)
+    return max(0, min(share, left))
+
+
+def apply_memory_fraction(device, fraction: float) -> bool:
+    """``torch.cuda.set_per_process_memory_fraction`` on a CUDA device: the caching allocator then
+    refuses (a real ``OutOfMemoryError``, which the engine splits and retries) before it takes more
+    than ``fraction`` of the GPU, so workers and other processes sharing a card keep their share.
+    False on any other device."""
+    import torch
+
+    if getattr(device, "type", str(device).split(":")[0]) != "cuda":
+        return False
+    torch.cuda.set_per_process_memory_fraction(fraction, device)
+    return True
+
+
+def measure_kv_budget(device, fraction: float, probe) -> tuple[int, dict]:
+    """On CUDA: run ``probe()`` (one forward at the largest step the engine will take) and size the
+    KV budget from what is left (``kv_budget``). Returns (bytes, the figures it used); on any
+    other device (0, {}), meaning no measured limit."""
+    import torch
+
+    if getattr(device, "type", None) != "cuda":
+        return 0, {}
+    torch.cuda.synchronize(device)
+    torch.cuda.empty_cache()
+    allocated = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    probe()
+    torch.cuda.synchronize(device)
+    peak = torch.cuda.max_memory_allocated(device) - allocated
+    torch.cuda.empty_cache()
+    free, total = torch.cuda.mem_get_info(device)
+    budget = kv_budget(total=total, free=free, fraction=fraction, allocated=allocated, peak_activations=peak)
+    figures = {"total": total, "free": free, "fraction": fraction, "weights": allocated, "activation_peak": peak,
+               "kv_budget": budget}
+    return budget, figures
+
+
+@dataclass(frozen=True)
+class DeviceMemory:
+    device: str  # "cuda:0"
+    allocated: int
+    reserved: int
+    total: int
+    utilization: float | None  # 0..1 from NVML, None where nvidia-ml-py is not importable
+
+
+def memory_snapshot() -> list[DeviceMemory]:
+    """Per visible GPU: what this process's tensors hold, what its allocator reserved, the card's
+    total, and (with nvidia-ml-py) the card's utilisation. Empty on a host without CUDA, and in a
+    process that has not initialised CUDA (asking would create a context)."""
+    import torch
+
+    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        return []
+    nvml = _nvml()
+    readings = []
+    for index in range(torch.cuda.device_count()):
+        utilization = None
+        if nvml is not None:
+            try:
+                handle = nvml.nvmlDeviceGetHandleByIndex(_physical_index(index))
+                utilization = nvml.nvmlDeviceGetUtilizationRates(handle).gpu / 100
+            except Exception:  # a driver without the query: no reading rather than no metrics
+                utilization = None
+        readings.append(DeviceMemory(device=f"cuda:{index}", allocated=torch.cuda.memory_allocated(index),
+                                     reserved=torch.cuda.memory_reserved(index),
+                                     total=torch.cuda.get_device_properties(index).total_memory,
+                                     utilization=utilization))
+    return readings
+
+
+def _physical_index(index: int) -> int:
+    """NVML counts every GPU on the host; torch only those in CUDA_VISIBLE_DEVICES."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    ids = [part.strip() for part in visible.split(",") if part.strip()]
+    if ids and index < len(ids) and ids[index].isdigit():
+        return int(ids[index])
+    return index
+
+
+_NVML = None
+
+
+def _nvml():
+    """pynvml (the nvidia-ml-py package), initialised once; None where it is missing or fails."""
+    global _NVML
+    if _NVML is None:
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            _NVML = pynvml
+        except Exception:
+            _NVML = False
+    return _NVML or None

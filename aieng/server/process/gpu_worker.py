@@ -1,0 +1,109 @@
+"""A worker on a GPU host: its own GPU, its share of that GPU's memory, a KV budget measured there.
+
+- **Pinning.** gunicorn's ``pre_fork`` hook (in the master, before each fork) gives the new
+  worker the lowest GPU index no live worker holds (``aieng.gpus.assign_slot``); the worker then
+  serves on ``cuda:<index>``. A replaced worker's GPU goes to its replacement. With the weights
+  split across GPUs (``aieng.gpus.split_plan``) one worker holds them all and is not pinned.
+- **Memory fraction.** Applied per process (``torch.cuda.set_per_process_memory_fraction``) on
+  every GPU the worker uses, before anything is allocated there.
+- **KV budget.** After the weights load, one probe forward at the largest prefill the engine will
+  run measures the activation peak; the static KV cache gets what is left of the fraction
+  (``aieng.gpus.kv_budget``), and the engine admits only as many rows as that holds.
+
+On a CPU host every function here returns without touching CUDA.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+
+from aieng.gpus import apply_memory_fraction, assign_slot, measure_kv_budget, pinned_device
+
+log = logging.getLogger("aieng.server")
+
+
+def pre_fork_for(slots: int):
+    """The gunicorn ``pre_fork`` hook that pins worker *i* to GPU *i* among ``slots`` GPUs."""
+    def pre_fork(server, worker):
+        taken = (getattr(live, "gpu_slot", None) for live in server.WORKERS.values())
+        worker.gpu_slot = assign_slot(taken, slots)
+    return pre_fork
+
+
+def pin_worker(runtime, slot: int | None) -> str:
+    """In the forked worker, before the model loads: this worker's device in its settings.
+    Returns the device it will use."""
+    device = pinned_device(runtime.settings.device, slot)
+    if device != runtime.settings.device:
+        runtime.settings = replace(runtime.settings, device=device)
+        runtime.config.settings = runtime.settings
+        log.info("worker pinned to %s (GPU slot %d)", device, slot, extra={"event": "gpu_pinned", "device": device})
+    return device
+
+
+def apply_fraction(runtime) -> list[str]:
+    """The memory fraction on each CUDA device this worker will use; the devices it applied to."""
+    import torch
+
+    from aieng.loading.device import wants_cuda
+
+    settings = runtime.settings
+    if not wants_cuda(settings.device):
+        return []
+    split = getattr(runtime, "gpu_split", None)
+    if split is not None and split.gpus_per_worker > 1:
+        devices = [torch.device("cuda", index) for index in split.max_memory]
+    else:
+        device = torch.device(settings.device)
+        devices = [device if device.index is not None else torch.device("cuda", torch.cuda.current_device())]
+    for device in devices:
+        apply_memory_fraction(device, settings.gpu_memory_fraction)
+    return [str(device) for device in devices]
+
+
+def fit_kv_to_gpu(runtime) -> dict:
+    """On CUDA, without an explicit AIENG_KV_CACHE_MB: measure what is left after the weights and
+    a probe forward, and bound the engine's KV cache (and so its rows) by it. Returns the figures
+    (empty off CUDA)."""
+    import torch
+
+    loaded, settings = runtime.loaded, runtime.settings
+    if loaded.device.type != "cuda" or settings.kv_cache_mb:
+        return {}
+    tokens = max(1, min(loaded.context_length, runtime.config.scheduler.max_batch_tokens))
+
+    def probe():
+        with torch.inference_mode():
+            loaded.model(input_ids=torch.zeros((1, tokens), dtype=torch.long, device=loaded.device), use_cache=False)
+
+    budget, figures = measure_kv_budget(loaded.device, settings.gpu_memory_fraction, probe)
+    per_row = kv_bytes_per_row(loaded)
+    rows = budget // per_row
+    if rows < 1:
+        from aieng.errors import ModelLoadError
+
+        raise ModelLoadError(
+            f"no room for one row of KV cache on {loaded.device}: {_gib(figures['total'])} × "
+            f"{settings.gpu_memory_fraction} less {_gib(figures['weights'])} of weights and a "
+            f"{_gib(figures['activation_peak'])} activation peak ({tokens}-token probe) leaves "
+            f"{_gib(budget)}, one row needs {_gib(per_row)}. Raise AIENG_GPU_MEMORY_FRACTION, lower "
+            "AIENG_MAX_BATCH_TOKENS, or serve a smaller dtype", code="insufficient_memory")
+    engine = runtime.config.engine
+    runtime.config.engine = replace(engine, kv_cache_bytes=budget, max_rows=min(engine.max_rows, int(rows)))
+    figures.update(rows=int(rows), probe_tokens=tokens)
+    log.info("KV cache on %s: %s (%d rows of %d tokens) = %s x %s - %s weights - %s activation peak - safety",
+             loaded.device, _gib(budget), rows, loaded.context_length, _gib(figures["total"]),
+             settings.gpu_memory_fraction, _gib(figures["weights"]), _gib(figures["activation_peak"]),
+             extra={"event": "kv_budget_measured", **figures})
+    return figures
+
+
+def kv_bytes_per_row(loaded) -> int:
+    from aieng.server.process.worker_plan import kv_cache_bytes
+
+    return kv_cache_bytes(loaded.model.config, loaded.context_length + 1, 1, loaded.dtype.itemsize)
+
+
+def _gib(value: int) -> str:
+    return f"{value / 2**30:.2f} GiB"
