@@ -7,15 +7,16 @@ Everything device-specific is here, in two kinds of function:
 - *readings and settings* (``apply_memory_fraction``, ``measure_kv_budget``, ``memory_snapshot``):
   each guarded so that on a host without CUDA it returns without touching torch.cuda's runtime.
 
-Nothing here initialises CUDA in the gunicorn master: ``torch.cuda.device_count()`` and
-``is_available()`` ask the driver through NVML without creating a context, which is what
-must hold before fork.
+Nothing here may initialise CUDA in the gunicorn master: a child forked after ``cuInit`` cannot
+use CUDA. ``torch.cuda.device_count()`` asks NVML; ``is_available()`` does too only with
+``PYTORCH_NVML_BASED_CUDA_CHECK=1``, which ``aieng serve`` sets first (``fork_safe_cuda_checks``).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -29,6 +30,17 @@ DEFAULT_ALLOC_CONF = "expandable_segments:True"
 # peak, as a share of the GPU: a budget that ends at exactly the measured peak OOMs on the first
 # longer prompt.
 KV_SAFETY = 0.05
+# With the weights split across GPUs, the share of each GPU's memory fraction they may fill.
+SPLIT_WEIGHT_SHARE = 0.8
+
+
+def fork_safe_cuda_checks(environ=os.environ) -> None:
+    """Before the master asks anything about CUDA: ``is_available()`` through NVML instead of the
+    CUDA runtime (whose ``cuInit`` would break every forked worker's CUDA), and torch's device
+    numbering in PCI bus order, as NVML and nvidia-smi number them (torch's default is fastest
+    first, so ``cuda:1`` and NVML's GPU 1 could be different cards)."""
+    environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
+    environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
 
 
 def default_alloc_conf(environ=os.environ) -> str:
@@ -39,13 +51,11 @@ def default_alloc_conf(environ=os.environ) -> str:
 
 
 def assign_slot(taken: Iterable[int | None], slots: int) -> int:
-    """The lowest GPU index no live worker holds. A worker that gunicorn replaces (killed,
-    recycled) frees its index, and its replacement takes that same GPU back."""
-    held = {slot for slot in taken if slot is not None}
-    for slot in range(slots):
-        if slot not in held:
-            return slot
-    return len(held) % max(1, slots)  # more workers than GPUs (asked for): share them round-robin
+    """The GPU the fewest live workers hold, the lowest index among equals: the lowest free one
+    while there is one. A worker that gunicorn replaces (killed, recycled) frees its index, and its
+    replacement takes that same GPU back; more workers than GPUs (asked for) spread evenly."""
+    holders = Counter(slot for slot in taken if slot is not None)
+    return min(range(max(1, slots)), key=lambda slot: (holders[slot], slot))
 
 
 def pinned_device(requested: str, slot: int | None) -> str:
@@ -89,25 +99,27 @@ class SplitPlan:
 def split_plan(weight_bytes: int, gpu_totals: list[int], fraction: float) -> SplitPlan:
     """One GPU per worker when the weights fit in ``fraction`` of one; otherwise the weights are
     split layer by layer across as many of the visible GPUs as they need (``device_map`` with
-    ``max_memory``: the first source article's way), and one worker serves them all."""
+    ``max_memory``: the first source article's way), and one worker serves them all. Split, they
+    may fill only ``SPLIT_WEIGHT_SHARE`` of each GPU's share: the rest is for activations and the
+    KV cache, which follow their layers."""
     if not gpu_totals:
         return SplitPlan(0, {}, "no GPU")
-    allowed = [int(total * fraction) for total in gpu_totals]
-    if weight_bytes <= allowed[0]:
+    if weight_bytes <= gpu_totals[0] * fraction:
         return SplitPlan(1, {}, f"{weight_bytes / 2**30:.1f} GiB of weights fit in {fraction:g} of one GPU")
-    need, total = 0, 0
-    for need, room in enumerate(allowed, start=1):
-        total += room
-        if weight_bytes <= total:
-            break
-    else:
-        from aieng.errors import ModelLoadError
+    room = [int(total * fraction * SPLIT_WEIGHT_SHARE) for total in gpu_totals]
+    held = 0
+    for need, bytes_ in enumerate(room, start=1):
+        held += bytes_
+        if weight_bytes <= held:
+            return SplitPlan(need, dict(enumerate(room[:need])),
+                             f"{weight_bytes / 2**30:.1f} GiB of weights split across {need} GPUs (at most "
+                             f"{SPLIT_WEIGHT_SHARE:g} of {fraction:g} of each: the rest for activations and KV)")
+    from aieng.errors import ModelLoadError
 
-        raise ModelLoadError(f"{weight_bytes / 2**30:.1f} GiB of weights do not fit in {fraction:g} of all "
-                             f"{len(gpu_totals)} GPU(s) ({total / 2**30:.1f} GiB); raise AIENG_GPU_MEMORY_FRACTION, "
-                             "use a smaller dtype, or a host with more GPU memory")
-    return SplitPlan(need, {i: allowed[i] for i in range(need)},
-                     f"{weight_bytes / 2**30:.1f} GiB of weights split across {need} GPUs ({fraction:g} of each)")
+    raise ModelLoadError(f"{weight_bytes / 2**30:.1f} GiB of weights do not fit in {SPLIT_WEIGHT_SHARE:g} of "
+                         f"{fraction:g} of all {len(gpu_totals)} GPU(s) ({held / 2**30:.1f} GiB; the rest is kept for "
+                         "activations and the KV cache); raise AIENG_GPU_MEMORY_FRACTION, use a smaller dtype, or a "
+                         "host with more GPU memory")
 
 
 def kv_budget(*, total: int, free: int, fraction: float, allocated: int, peak_activations: int,
@@ -172,7 +184,7 @@ def memory_snapshot() -> list[DeviceMemory]:
     process that has not initialised CUDA (asking would create a context)."""
     import torch
 
-    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+    if not (torch.cuda.is_initialized() and torch.cuda.is_available()):  # never the call that initialises
         return []
     nvml = _nvml()
     readings = []
@@ -201,6 +213,14 @@ def _physical_index(index: int) -> int:
 
 
 _NVML = None
+
+
+def _forget_nvml() -> None:  # NVML's handles belong to the process that initialised it
+    global _NVML
+    _NVML = None
+
+
+os.register_at_fork(after_in_child=_forget_nvml)
 
 
 def _nvml():

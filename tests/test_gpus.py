@@ -50,7 +50,7 @@ def test_an_explicit_device_is_the_users_choice():
     assert gpus.pinned_device("cpu", 1) == "cpu"
     assert gpus.pinned_device("cuda", 2) == "cuda:2"
     assert gpus.pinned_device("auto", None) == "auto"
-    assert gpus.assign_slot([0, 1], 2) == 0  # more workers than GPUs (asked for): round-robin
+    assert [gpus.assign_slot(held, 2) for held in ([0, 1], [0, 1, 0], [0, 1, 0, 1], [1, None])] == [0, 1, 0, 0]
 
 
 def test_pin_worker_sets_the_device_the_worker_loads_on():
@@ -66,11 +66,11 @@ def test_pin_worker_sets_the_device_the_worker_loads_on():
 def test_weights_that_fit_one_gpu_stay_on_one_and_larger_ones_are_split_across_as_few_as_needed():
     totals = [80 * GiB] * 4
     assert gpus.split_plan(60 * GiB, totals, 0.9).gpus_per_worker == 1
-    two = gpus.split_plan(100 * GiB, totals, 0.9)
-    assert two.gpus_per_worker == 2 and two.max_memory == {0: int(72 * GiB), 1: int(72 * GiB)}
-    assert gpus.split_plan(200 * GiB, totals, 0.9).gpus_per_worker == 3
-    with pytest.raises(ModelLoadError, match="do not fit in 0.9 of all 4 GPU"):
-        gpus.split_plan(300 * GiB, totals, 0.9)
+    two = gpus.split_plan(100 * GiB, totals, 0.9)  # each GPU takes at most 0.8 x 0.9 x 80 GiB = 57.6 GiB of weights
+    assert two.gpus_per_worker == 2 and two.max_memory == {0: int(80 * GiB * 0.9 * 0.8)} | {1: int(80 * GiB * 0.9 * 0.8)}
+    assert gpus.split_plan(160 * GiB, totals, 0.9).gpus_per_worker == 3
+    with pytest.raises(ModelLoadError, match="do not fit in 0.8 of 0.9 of all 4 GPU"):
+        gpus.split_plan(240 * GiB, totals, 0.9)  # fits the four shares (288 GiB), not with room for the KV cache
     plan = plan_workers(cores=32, available_bytes=0, weight_bytes=0, per_worker_bytes=0, device="cuda", gpus=4,
                         gpus_per_worker=two.gpus_per_worker)
     assert plan.workers == 1 and "split across 2 GPUs" in plan.reason
@@ -160,6 +160,18 @@ def test_off_cuda_nothing_is_measured(tiny_shape_model_dir):
     runtime.loaded = load_folder(tiny_shape_model_dir, LoadConfig(device="cpu"))
     before = runtime.config.engine
     assert fit_kv_to_gpu(runtime) == {} and runtime.config.engine == before
+
+
+def test_a_named_gpu_gets_one_worker_and_the_master_asks_about_cuda_through_nvml(monkeypatch, tmp_path):
+    from aieng.server.process.worker_plan import plan_for_model
+    from aieng.settings import Settings
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    plan = plan_for_model(Settings(device="cuda:2", store=tmp_path), None)
+    assert (plan.workers, plan.gpus, plan.split) == (1, 1, None)
+    environ = {}
+    gpus.fork_safe_cuda_checks(environ)
+    assert environ == {"PYTORCH_NVML_BASED_CUDA_CHECK": "1", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
 
 
 def test_expandable_segments_by_default_and_the_users_setting_wins():

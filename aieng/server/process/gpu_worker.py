@@ -55,8 +55,10 @@ def apply_fraction(runtime) -> list[str]:
     if split is not None and split.gpus_per_worker > 1:
         devices = [torch.device("cuda", index) for index in split.max_memory]
     else:
-        device = torch.device(settings.device)
-        devices = [device if device.index is not None else torch.device("cuda", torch.cuda.current_device())]
+        device = torch.device("cuda" if settings.device == "auto" else settings.device)
+        device = device if device.index is not None else torch.device("cuda", torch.cuda.current_device())
+        torch.cuda.set_device(device)  # calls that name no device (capability checks, streams) go to this GPU
+        devices = [device]
     for device in devices:
         apply_memory_fraction(device, settings.gpu_memory_fraction)
     return [str(device) for device in devices]
@@ -71,11 +73,18 @@ def fit_kv_to_gpu(runtime) -> dict:
     loaded, settings = runtime.loaded, runtime.settings
     if loaded.device.type != "cuda" or settings.kv_cache_mb:
         return {}
+    split = getattr(runtime, "gpu_split", None)
+    if split is not None and split.gpus_per_worker > 1:  # the cache follows its layers across the GPUs
+        log.info("weights split across %d GPUs: the KV cache and activations use the memory max_memory left "
+                 "free on each (%s); AIENG_KV_CACHE_MB bounds it explicitly", split.gpus_per_worker, split.reason,
+                 extra={"event": "kv_budget_split"})
+        return {}
     tokens = max(1, min(loaded.context_length, runtime.config.scheduler.max_batch_tokens))
 
     def probe():
         with torch.inference_mode():
-            loaded.model(input_ids=torch.zeros((1, tokens), dtype=torch.long, device=loaded.device), use_cache=False)
+            loaded.model(input_ids=torch.zeros((1, tokens), dtype=torch.long, device=loaded.device), use_cache=False,
+                         logits_to_keep=1)  # as the engine asks: the last position's logits only
 
     budget, figures = measure_kv_budget(loaded.device, settings.gpu_memory_fraction, probe)
     per_row = kv_bytes_per_row(loaded)

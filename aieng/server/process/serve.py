@@ -16,7 +16,7 @@ from dataclasses import replace
 
 from gunicorn.app.base import BaseApplication
 
-from aieng.gpus import default_alloc_conf
+from aieng.gpus import default_alloc_conf, fork_safe_cuda_checks
 from aieng.observability.logs import log_event
 from aieng.server.process import gpu_worker
 from aieng.server.http.app import create_app
@@ -48,6 +48,7 @@ class GunicornApplication(BaseApplication):
 
 def serve(settings: Settings, progress: StartupProgress | None = None) -> None:
     """``progress``: the CLI's, already running since before the heavy imports."""
+    fork_safe_cuda_checks()  # before anything asks torch about CUDA in this (the master) process
     if settings.compile:  # before anything compiles; workers and compile subprocesses inherit it
         log_event(log, "compile_cache", **use_compile_cache(settings.compile_cache_dir))
     default_alloc_conf()  # expandable segments, unless set: before any process initialises CUDA

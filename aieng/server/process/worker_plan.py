@@ -140,7 +140,9 @@ def plan_for_model(settings, loaded) -> WorkerPlan:
     if settings.torch_threads < 0:
         raise ConfigError(f"torch threads must be >= 0 (0 = cores // workers), got {settings.torch_threads}")
     needs = memory_needs(settings, loaded)
-    gpus = torch.cuda.device_count() if wants_cuda(settings.device) else 0  # asks the driver; no CUDA context
+    gpus = torch.cuda.device_count() if wants_cuda(settings.device) else 0  # asks NVML; no CUDA context
+    if gpus and settings.device.startswith("cuda:"):  # one named GPU: one worker on it, nothing to pin
+        gpus = 1
     split = gpu_split(settings, gpus)
     limits = container_limits.limits()  # a container's CPU quota and memory limit, not the node's
     plan = plan_workers(cores=limits.cores, available_bytes=limits.memory_available_bytes,
