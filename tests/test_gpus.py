@@ -119,13 +119,14 @@ def test_the_kv_budget_is_measured_after_a_probe_forward(monkeypatch):
     assert probed == [True]  # no probe off CUDA
 
 
-def runtime_on_fake_gpu(monkeypatch, tiny_shape_model_dir, budget):
+def runtime_on_fake_gpu(monkeypatch, tiny_shape_model_dir, budget, **settings):
     from aieng.loading.loader import LoadConfig, load_folder
     from aieng.server.process import gpu_worker
     from aieng.server.process.runtime import Runtime, RuntimeConfig
     from aieng.settings import Settings
 
-    runtime = Runtime(RuntimeConfig.from_settings(Settings(max_batch_size=32)))
+    settings = {"max_batch_size": 32, "reload_poll_s": 0.0, **settings}
+    runtime = Runtime(RuntimeConfig.from_settings(Settings(**settings)))
     runtime.loaded = load_folder(tiny_shape_model_dir, LoadConfig(device="cpu"))
     runtime.loaded.device = torch.device("cuda", 0)  # the figures below are what a GPU would report
     probes = []
@@ -149,6 +150,10 @@ def test_admission_holds_only_the_rows_the_measured_budget_fits(monkeypatch, tin
     with pytest.raises(ModelLoadError, match="no room for one row of KV cache") as refused:
         fit_kv_to_gpu(runtime)
     assert refused.value.code == "insufficient_memory"
+    # hot swaps on (the default polls the store): room for the next version's weights (1 GiB here) comes first
+    runtime, _ = runtime_on_fake_gpu(monkeypatch, tiny_shape_model_dir, budget=GiB + 3 * per_row, reload_poll_s=1.0)
+    figures = fit_kv_to_gpu(runtime)
+    assert figures["swap_reserve"] == GiB and figures["rows"] == 3 and runtime.config.engine.kv_cache_bytes == 3 * per_row
 
 
 def test_off_cuda_nothing_is_measured(tiny_shape_model_dir):

@@ -8,7 +8,9 @@
   every GPU the worker uses, before anything is allocated there.
 - **KV budget.** After the weights load, one probe forward at the largest prefill the engine will
   run measures the activation peak; the static KV cache gets what is left of the fraction
-  (``aieng.gpus.kv_budget``), and the engine admits only as many rows as that holds.
+  (``aieng.gpus.kv_budget``), less room for a second copy of the weights when hot swaps are on (a
+  swap loads the next version beside this one and hands it this KV cache), and the engine admits
+  only as many rows as that holds.
 
 On a CPU host every function here returns without touching CUDA.
 """
@@ -87,6 +89,10 @@ def fit_kv_to_gpu(runtime) -> dict:
                          logits_to_keep=1)  # as the engine asks: the last position's logits only
 
     budget, figures = measure_kv_budget(loaded.device, settings.gpu_memory_fraction, probe)
+    if swaps_possible(settings):  # a hot swap loads the next version's weights beside these (it reuses this KV cache)
+        figures["swap_reserve"] = figures["weights"]
+        budget = max(0, budget - figures["weights"])
+        figures["kv_budget"] = budget
     per_row = kv_bytes_per_row(loaded)
     rows = budget // per_row
     if rows < 1:
@@ -96,16 +102,24 @@ def fit_kv_to_gpu(runtime) -> dict:
             f"no room for one row of KV cache on {loaded.device}: {_gib(figures['total'])} × "
             f"{settings.gpu_memory_fraction} less {_gib(figures['weights'])} of weights and a "
             f"{_gib(figures['activation_peak'])} activation peak ({tokens}-token probe) leaves "
-            f"{_gib(budget)}, one row needs {_gib(per_row)}. Raise AIENG_GPU_MEMORY_FRACTION, lower "
-            "AIENG_MAX_BATCH_TOKENS, or serve a smaller dtype", code="insufficient_memory")
+            f"{_gib(budget)}{' after room for a hot swap' if 'swap_reserve' in figures else ''}, one row needs "
+            f"{_gib(per_row)}. Raise AIENG_GPU_MEMORY_FRACTION, lower AIENG_MAX_BATCH_TOKENS, serve a smaller "
+            "dtype, or turn hot swaps off (AIENG_RELOAD_POLL_S=0 and no AIENG_ADMIN_TOKEN)", code="insufficient_memory")
     engine = runtime.config.engine
     runtime.config.engine = replace(engine, kv_cache_bytes=budget, max_rows=min(engine.max_rows, int(rows)))
     figures.update(rows=int(rows), probe_tokens=tokens)
-    log.info("KV cache on %s: %s (%d rows of %d tokens) = %s x %s - %s weights - %s activation peak - safety",
+    log.info("KV cache on %s: %s (%d rows of %d tokens) = %s x %s - %s weights - %s activation peak - safety%s",
              loaded.device, _gib(budget), rows, loaded.context_length, _gib(figures["total"]),
              settings.gpu_memory_fraction, _gib(figures["weights"]), _gib(figures["activation_peak"]),
+             f" - {_gib(figures['swap_reserve'])} for a hot swap's weights" if "swap_reserve" in figures else "",
              extra={"event": "kv_budget_measured", **figures})
     return figures
+
+
+def swaps_possible(settings) -> bool:
+    """Whether this server may hot-swap (follow the store's ``current``, or POST /admin/reload):
+    then a second copy of the weights must fit beside the first on the GPU."""
+    return settings.reload_poll_s > 0 or bool(settings.admin_token)
 
 
 def kv_bytes_per_row(loaded) -> int:
