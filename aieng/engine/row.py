@@ -89,26 +89,26 @@ class Row:
                 text += self.stops.feed(self.detokenizer.flush())
                 if self.stops.stopped:
                     finish, cause = "stop", "stop_string"
+        return self._event(token, text, finish, cause, logprobs)
+
+    def truncate(self, cause: str) -> TokenEvent:
+        """End now with what was generated, as if ``max_tokens`` had been reached (the degraded
+        out-of-memory mode, ``oom.py``): finish_reason ``length``, ``finish_cause`` says why."""
+        text = self.stops.feed(self.detokenizer.flush())
+        finish, cause = ("stop", "stop_string") if self.stops.stopped else ("length", cause)
+        return self._event(None, text, finish, cause)
+
+    def _event(self, token: int | None, text: str, finish: str | None, cause: str | None,
+               logprobs: TokenLogprobs | None = None) -> TokenEvent:
+        """This step's event; a finishing one releases the text held back for a possible stop string."""
         if finish is not None and not self.stops.stopped:
             text += self.stops.flush()
         return TokenEvent(self.request_id, token, text, finished=finish is not None, finish_reason=finish,
                           finish_cause=cause, prompt_tokens=len(self.request.prompt_ids),
                           completion_tokens=len(self.generated),
                           token_ids=tuple(self.generated) if finish is not None else (), logprobs=logprobs,
-                          choice_finish=finish, prompt_logprobs=self.prompt_logprobs if len(self.generated) == 1 else None)
-
-
-    def truncate(self, cause: str) -> TokenEvent:
-        """End now with what was generated, as if ``max_tokens`` had been reached (the degraded
-        out-of-memory mode, ``oom.py``): finish_reason ``length``, ``finish_cause`` says why."""
-        text = self.stops.feed(self.detokenizer.flush())
-        finish = "stop" if self.stops.stopped else "length"
-        if not self.stops.stopped:
-            text += self.stops.flush()
-        return TokenEvent(self.request_id, None, text, finished=True, finish_reason=finish,
-                          finish_cause="stop_string" if self.stops.stopped else cause,
-                          prompt_tokens=len(self.request.prompt_ids), completion_tokens=len(self.generated),
-                          token_ids=tuple(self.generated), choice_finish=finish)
+                          choice_finish=finish,
+                          prompt_logprobs=self.prompt_logprobs if token is not None and len(self.generated) == 1 else None)
 
 
 def sample_rows(rows: Sequence[Row], logits: torch.Tensor, *, eos_ids: set[int], context_length: int) -> list[TokenEvent]:

@@ -1,7 +1,7 @@
 """A worker on a GPU host: its own GPU, its share of that GPU's memory, a KV budget measured there.
 
 - **Pinning.** gunicorn's ``pre_fork`` hook (in the master, before each fork) gives the new
-  worker the lowest GPU index no live worker holds (``aieng.gpus.assign_slot``); the worker then
+  worker the GPU the fewest live workers hold (``aieng.gpus.assign_slot``); the worker then
   serves on ``cuda:<index>``. A replaced worker's GPU goes to its replacement. With the weights
   split across GPUs (``aieng.gpus.split_plan``) one worker holds them all and is not pinned.
 - **Memory fraction.** Applied per process (``torch.cuda.set_per_process_memory_fraction``) on
@@ -53,9 +53,8 @@ def apply_fraction(runtime) -> list[str]:
     settings = runtime.settings
     if not wants_cuda(settings.device):
         return []
-    split = getattr(runtime, "gpu_split", None)
-    if split is not None and split.gpus_per_worker > 1:
-        devices = [torch.device("cuda", index) for index in split.max_memory]
+    if runtime.gpu_split is not None:
+        devices = [torch.device("cuda", index) for index in runtime.gpu_split.max_memory]
     else:
         device = torch.device("cuda" if settings.device == "auto" else settings.device)
         device = device if device.index is not None else torch.device("cuda", torch.cuda.current_device())
@@ -75,8 +74,8 @@ def fit_kv_to_gpu(runtime) -> dict:
     loaded, settings = runtime.loaded, runtime.settings
     if loaded.device.type != "cuda" or settings.kv_cache_mb:
         return {}
-    split = getattr(runtime, "gpu_split", None)
-    if split is not None and split.gpus_per_worker > 1:  # the cache follows its layers across the GPUs
+    split = runtime.gpu_split
+    if split is not None:  # the cache follows its layers across the GPUs
         log.info("weights split across %d GPUs: the KV cache and activations use the memory max_memory left "
                  "free on each (%s); AIENG_KV_CACHE_MB bounds it explicitly", split.gpus_per_worker, split.reason,
                  extra={"event": "kv_budget_split"})

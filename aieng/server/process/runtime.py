@@ -193,7 +193,7 @@ class Runtime:
         """How this process loads a version (its own, a hot swap's, a canary's): the settings,
         plus the split across GPUs when the worker plan chose one."""
         config = LoadConfig.from_settings(self.settings)
-        if self.gpu_split is not None and self.gpu_split.gpus_per_worker > 1:
+        if self.gpu_split is not None:
             config = replace(config, max_memory=self.gpu_split.max_memory)
         return config
 

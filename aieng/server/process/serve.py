@@ -56,7 +56,7 @@ def serve(settings: Settings, progress: StartupProgress | None = None) -> None:
     runtime.prepare()  # raises AiengError (verification, memory budget, remote code) before any fork
     plan = plan_for_model(settings, runtime.loaded)
     runtime.config.torch_threads = plan.torch_threads
-    if plan.split is not None and plan.split.gpus_per_worker > 1:  # one worker over several GPUs
+    if plan.split is not None:  # one worker over several GPUs
         runtime.gpu_split = plan.split
         runtime.config.engine = replace(runtime.config.engine, native=False)  # the native forward is one-device
     log_event(log, "worker_plan", workers=plan.workers, torch_threads=plan.torch_threads, reason=plan.reason)

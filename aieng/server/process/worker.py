@@ -131,9 +131,9 @@ class AiengUvicornWorker(UvicornWorker):
     async def _serve(self) -> None:
         self.config.app = self.wsgi
         runtime = getattr(getattr(self.wsgi, "state", None), "runtime", None)
-        if runtime is not None:  # on a GPU host: this worker's GPU (gunicorn's pre_fork gave it a slot)
-            pin_worker(runtime, getattr(self, "gpu_slot", None))
-        if runtime is not None:  # a wedged engine (step_watchdog.py) ends this worker the usual way: drain, exit
+        if runtime is not None:
+            pin_worker(runtime, getattr(self, "gpu_slot", None))  # on a GPU host: the slot gunicorn's pre_fork gave
+            # a wedged engine (step_watchdog.py) ends this worker the usual way: drain, exit
             runtime.on_stuck = lambda: os.kill(os.getpid(), signal.SIGTERM)
             settings = runtime.settings
             self.config.header_timeout_s = settings.header_timeout_s

@@ -43,14 +43,14 @@ class WorkerPlan:
     torch_threads: int  # per worker
     reason: str
     gpus: int = 0  # visible GPUs when serving on CUDA: worker i is pinned to cuda:i (gpu_worker.py)
-    split: object = None  # aieng.gpus.SplitPlan when the weights span several GPUs of one worker
+    split: object = None  # aieng.gpus.SplitPlan, only when the weights span several GPUs of one worker
 
 
 def plan_workers(*, cores: int, available_bytes: int, weight_bytes: int, per_worker_bytes: int,
                  device: str = "cpu", gpus: int = 0, requested: str | int = "auto",
                  preload: bool = True, gpus_per_worker: int = 1) -> WorkerPlan:
     """Workers and threads per worker for ``requested`` ("auto" or a count). On CUDA, worker *i*
-    is pinned to GPU *i* (``gpu_pinning.py``); ``gpus_per_worker`` > 1 when the weights are split
+    is pinned to GPU *i* (``gpu_worker.py``); ``gpus_per_worker`` > 1 when the weights are split
     across GPUs (``aieng.gpus.split_plan``), and then one worker serves them all."""
     cores = max(1, cores)
     if requested != "auto":
@@ -150,7 +150,8 @@ def plan_for_model(settings, loaded) -> WorkerPlan:
                         device="cuda" if gpus else "cpu", gpus=gpus, requested=settings.workers,
                         gpus_per_worker=split.gpus_per_worker if split else 1)
     if gpus:
-        plan = replace(plan, gpus=gpus, split=split, reason=f"{plan.reason}; {split.reason}" if split else plan.reason)
+        plan = replace(plan, gpus=gpus, split=split if split and split.gpus_per_worker > 1 else None,
+                       reason=f"{plan.reason}; {split.reason}" if split else plan.reason)
     if limits.source != "host":
         plan = replace(plan, reason=f"{plan.reason}; {limits.describe()}")
     if settings.torch_threads:
