@@ -46,6 +46,15 @@ class Settings:
                                    "full context. Fewer rows fit: the batch size is lowered to match, and logged")
     weight_formats: str = _setting("auto", "auto | float32 | bfloat16: auto measures at start-up at which step "
                                            "sizes bf16 weights beat fp32 on this CPU and keeps both copies")
+    decode_attention: str = _setting("auto", "auto | sdpa: auto decodes on the CPU with aieng's attention kernel (built "
+                                             "once with the C++ compiler torch.compile uses, cached beside its "
+                                             "cache) and uses PyTorch's scaled_dot_product_attention where it cannot "
+                                             "be built; sdpa always uses PyTorch's")
+    kv_cache_dtype: str = _setting("auto", "auto | model | bfloat16: the static KV cache's dtype. auto = bf16 where the "
+                                           "one-row step streams bf16 weights (measured, AIENG_WEIGHT_FORMATS) and "
+                                           "aieng's CPU attention kernel reads the cache, else the model's dtype. "
+                                           "bf16 halves a row's memory and a long-context step's reads; "
+                                           "`aieng eval --kv-cache-dtype bfloat16` records its accuracy")
     native: bool = _setting(True, "the native forward for Llama-family models (static KV cache, chunked prefill, "
                                   "a compiled decoder layer); 0 = transformers' forward for every model")
     max_queue: int = _setting(256, "waiting requests before 429 with Retry-After")

@@ -114,6 +114,10 @@ def _engine_bench_options(p, *, batch: int, repeats: int) -> None:
     p.add_argument("--repeats", type=int, default=repeats)
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--weight-formats", choices=list(FORMATS), default="auto")
+    p.add_argument("--decode-attention", choices=["auto", "sdpa"], default="auto",
+                   help="as AIENG_DECODE_ATTENTION: auto = aieng's CPU kernel (when it builds), sdpa = PyTorch's")
+    p.add_argument("--kv-cache-dtype", choices=["auto", "model", "bfloat16"], default="auto",
+                   help="as AIENG_KV_CACHE_DTYPE (default auto, as the server)")
     p.add_argument("--json", action="store_true")
 
 
@@ -124,7 +128,9 @@ def _grammar(args: argparse.Namespace) -> int:
     from aieng.engine.engine import Engine, EngineConfig
 
     loaded, label = load_for_bench(args)
-    config = EngineConfig(compile=args.compile, weight_formats=args.weight_formats, max_rows=max(32, args.batch))
+    config = EngineConfig(compile=args.compile, weight_formats=args.weight_formats,
+                          decode_attention=args.decode_attention, kv_cache_dtype=args.kv_cache_dtype,
+                          max_rows=max(32, args.batch))
     engine = Engine(loaded.model, loaded.tokenizer, context_length=loaded.context_length, config=config)
     with tqdm(total=2 * args.repeats, desc="bench grammar", unit="run", disable=args.json) as bar:
         engine.warmup(progress=lambda detail: bar.set_postfix_str(detail[:60]))
@@ -159,6 +165,7 @@ def _context(args: argparse.Namespace) -> int:
 
     loaded, label = load_for_bench(args)
     config = EngineConfig(compile=args.compile, weight_formats=args.weight_formats,
+                          decode_attention=args.decode_attention, kv_cache_dtype=args.kv_cache_dtype,
                           max_rows=max(32, args.streams + 1, args.batch))
     engine = Engine(loaded.model, loaded.tokenizer, context_length=loaded.context_length, config=config)
     with tqdm(desc="bench context", unit="step", disable=args.json) as bar:
@@ -204,7 +211,8 @@ def _engine(args: argparse.Namespace) -> int:
         result = run_engine_bench(loaded.model, loaded.tokenizer, new_tokens=args.new_tokens, repeats=args.repeats,
                                   label=label, engine_config=EngineConfig(
                                       compile=args.compile, quantize_int8=args.int8,
-                                      weight_formats=args.weight_formats),
+                                      weight_formats=args.weight_formats, decode_attention=args.decode_attention,
+                                      kv_cache_dtype=args.kv_cache_dtype),
                                   progress=bar)
     data = result.to_dict()
     if args.json:

@@ -22,8 +22,19 @@ def add_parser(sub) -> None:
                    help="bfloat16: evaluate the decoder layers' matrix multiplies in bf16, as the engine runs small "
                         "batches (see `aieng serve --help`, AIENG_WEIGHT_FORMATS), and record the accuracy delta "
                         "against the recorded fp32 result under eval.variants.bfloat16")
+    p.add_argument("--kv-cache-dtype", choices=["model", "bfloat16"], default="model",
+                   help="bfloat16: evaluate with keys and values rounded to bf16 as a bf16 KV cache holds them "
+                        "(AIENG_KV_CACHE_DTYPE) and record the accuracy delta under eval.variants.kv_bfloat16")
     p.add_argument("--json", action="store_true", help="print the metrics as JSON")
     p.set_defaults(handler=_eval)
+
+
+def _variant(args: argparse.Namespace) -> str | None:
+    chosen = [name for name, on in (("int8", args.int8), ("bfloat16", args.dtype == "bfloat16"),
+                                    ("kv_bfloat16", args.kv_cache_dtype == "bfloat16")) if on]
+    if len(chosen) > 1:
+        raise SystemExit(f"aieng eval: choose one of --int8, --dtype bfloat16, --kv-cache-dtype bfloat16 (got {chosen})")
+    return chosen[0] if chosen else None
 
 
 def _eval(args: argparse.Namespace) -> int:
@@ -34,7 +45,7 @@ def _eval(args: argparse.Namespace) -> int:
     settings = settings_from(args)
     result = evaluate_version(ModelStore(settings.store), parse_ref(args.ref), LoadConfig.from_settings(settings),
                               n_per_family=args.n_per_family,
-                              variant="int8" if args.int8 else ("bfloat16" if args.dtype == "bfloat16" else None))
+                              variant=_variant(args))
     if args.json:
         print_json(result)
         return 0

@@ -52,6 +52,8 @@ class EngineConfig:
     kv_cache_bytes: int = 0  # static KV cache budget; 0 = enough for max_rows full-context rows
     prefill_chunk_tokens: int = 256  # prompt tokens prefilled per step (native forward)
     weight_formats: str = "float32"  # float32 | bfloat16 | auto: measured per step size (formats.py)
+    decode_attention: str = "auto"  # auto: aieng's CPU kernel when it builds (kernels/), else SDPA | sdpa
+    kv_cache_dtype: str = "model"  # model (the weights' dtype) | bfloat16 | auto (native_runner.kv_dtype)
     compile_budget_s: float | None = None  # warm-up waits this long for compilation, then serves eagerly
     oom_degrade: bool = False  # a decoding row out of memory alone ends with its text (length), not an error
     warmup_prompt_lengths: tuple[int, ...] = (8, 32, 128)

@@ -11,8 +11,10 @@ engine runs its own forward over the same weights:
   group against the static cache (``slots.SlotKVCache``). So a long prompt joins in chunks while
   the running streams keep decoding in the same matrix multiplies.
 - **Grouped-query attention without copies.** The query heads that share a key/value head are
-  folded into the query-length dimension, so ``scaled_dot_product_attention`` reads the cache
-  views as they are (no ``repeat_kv``).
+  folded into the query-length dimension, so attention reads the cache views as they are (no
+  ``repeat_kv``). On the CPU, decode rows use aieng's own kernel (``kernels``), which streams
+  each row's keys and values once, split across the cores; prefill chunks use
+  ``scaled_dot_product_attention``.
 - **Weight formats by step size**: bf16 reads half the bytes, fp32 is faster arithmetic on CPUs
   without bf16 units, and which wins at which batch size depends on the machine; the runner
   keeps both copies when the plan uses both, and each step picks by its token count
@@ -84,6 +86,7 @@ class Dims:
     kv_heads: int
     head_dim: int
     eps: float
+    decode_kernel: bool = False  # decode attention by aieng's CPU kernel (``kernels``), else SDPA
 
 
 @dataclass
@@ -118,7 +121,7 @@ def run_layers(xd: torch.Tensor | None, xp: torch.Tensor | None, rotary: tuple, 
     are such sums."""
     # No Python int for the row count: it is read off decode_pos inside, so it stays the symbolic
     # size that ``mark_step_dynamic`` made it (an int would be a constant guarded per batch size).
-    shared = (dims.heads, dims.kv_heads, dims.head_dim, dims.eps, plan.decode_first, plan.decode_pos,
+    shared = (dims.heads, dims.kv_heads, dims.head_dim, dims.eps, dims.decode_kernel, plan.decode_first, plan.decode_pos,
               plan.decode_mask, plan.prefill_slots, plan.prefill_pos, plan.prefill_write, plan.prefill_mask)
     for i, w in enumerate(layers):
         out = _layer_region(xd, xp, *rotary, w.qkv, w.qkv_bias, w.o, w.gate_up, w.down, w.norm_attn,
@@ -128,11 +131,11 @@ def run_layers(xd: torch.Tensor | None, xp: torch.Tensor | None, rotary: tuple, 
 
 
 def _flat_decoder_layer(xd, xp, cos_d, sin_d, cos_p, sin_p, qkv, qkv_bias, o, gate_up, down, norm_attn, norm_mlp,
-                        keys, values, heads, kv_heads, head_dim, eps, decode_first, decode_pos, *rest):
+                        keys, values, heads, kv_heads, head_dim, eps, decode_kernel, decode_first, decode_pos, *rest):
     rows = 0 if decode_pos is None else decode_pos.shape[0]
     out = decoder_layer(xd, xp, (cos_d, sin_d, cos_p, sin_p),
                         LayerWeights(qkv, qkv_bias, o, gate_up, down, norm_attn, norm_mlp),
-                        Dims(heads, kv_heads, head_dim, eps), keys, values,
+                        Dims(heads, kv_heads, head_dim, eps, decode_kernel), keys, values,
                         AttentionPlan(rows, decode_first, decode_pos, *rest))
     return tuple(t for t in out if t is not None)  # tensors only: a None output makes the region unreusable
 
@@ -200,29 +203,39 @@ def decoder_layer(xd: torch.Tensor | None, xp: torch.Tensor | None, rotary: tupl
     k = qkv[:, q_size:q_size + kv_size].view(n_tokens, dims.kv_heads, dims.head_dim)
     v = qkv[:, q_size + kv_size:].view(n_tokens, dims.kv_heads, dims.head_dim)
     groups = dims.heads // dims.kv_heads
-    parts = []
+    # Every cache write of the step before any read: the compiled graph then updates the cache in
+    # place. (A custom op reading the cache between two writes made inductor copy the whole cache
+    # per layer: 2 s a step on the realistic shape.)
     if b:
         first = plan.decode_first
         rows = torch.arange(first, first + b, device=x.device)
-        keys[rows, :, plan.decode_pos] = rotate(k[:b], cos_d, sin_d)
-        values[rows, :, plan.decode_pos] = v[:b]
-        length = plan.decode_mask.shape[-1]
-        query = rotate(q[:b], cos_d, sin_d).view(b, dims.kv_heads, groups, dims.head_dim)  # a KV head's query heads as rows
-        out = F.scaled_dot_product_attention(query, keys[first:first + b, :, :length],
-                                             values[first:first + b, :, :length], attn_mask=plan.decode_mask)
-        parts.append(out.reshape(b, q_size))
+        keys[rows, :, plan.decode_pos] = rotate(k[:b], cos_d, sin_d).to(keys.dtype)
+        values[rows, :, plan.decode_pos] = v[:b].to(values.dtype)
     if xp is not None:
         n, chunk = xp.shape[0], xp.shape[1]
         slots = plan.prefill_slots[:, None]
-        keys[slots, :, plan.prefill_write] = rotate(k[b:].view(n, chunk, dims.kv_heads, dims.head_dim), cos_p, sin_p)
-        values[slots, :, plan.prefill_write] = v[b:].view(n, chunk, dims.kv_heads, dims.head_dim)
+        keys[slots, :, plan.prefill_write] = rotate(k[b:].view(n, chunk, dims.kv_heads, dims.head_dim), cos_p,
+                                                    sin_p).to(keys.dtype)
+        values[slots, :, plan.prefill_write] = v[b:].view(n, chunk, dims.kv_heads, dims.head_dim).to(values.dtype)
+    parts = []
+    if b:
+        query = rotate(q[:b], cos_d, sin_d).view(b, dims.kv_heads, groups, dims.head_dim)  # a KV head's query heads as rows
+        if dims.decode_kernel:  # reads each row's keys 0..position straight from its slot
+            out = torch.ops.aieng.decode_attention(query, keys, values, plan.decode_pos, first, dims.head_dim ** -0.5)
+        else:
+            length = plan.decode_mask.shape[-1]
+            out = F.scaled_dot_product_attention(query, keys[first:first + b, :, :length].to(query.dtype),
+                                                 values[first:first + b, :, :length].to(query.dtype),
+                                                 attn_mask=plan.decode_mask)
+        parts.append(out.reshape(b, q_size))
+    if xp is not None:
         length = plan.prefill_mask.shape[-1]
         query = (rotate(q[b:].view(n, chunk, dims.heads, dims.head_dim), cos_p, sin_p)
                  .view(n, chunk, dims.kv_heads, groups, dims.head_dim)
                  .permute(0, 2, 3, 1, 4).reshape(n, dims.kv_heads, groups * chunk, dims.head_dim))
         mask = plan.prefill_mask.repeat(1, 1, groups, 1)
-        cached_k = keys[:, :, :length].index_select(0, plan.prefill_slots)
-        cached_v = values[:, :, :length].index_select(0, plan.prefill_slots)
+        cached_k = keys[:, :, :length].index_select(0, plan.prefill_slots).to(query.dtype)  # a bf16 cache widened
+        cached_v = values[:, :, :length].index_select(0, plan.prefill_slots).to(query.dtype)
         out = F.scaled_dot_product_attention(query, cached_k, cached_v, attn_mask=mask)  # [n, KV, g·C, d]
         out = out.view(n, dims.kv_heads, groups, chunk, dims.head_dim).permute(0, 3, 1, 2, 4)
         parts.append(out.reshape(n * chunk, q_size))
@@ -243,11 +256,12 @@ _layer_region = torch.compiler.nested_compile_region(_flat_decoder_layer, max_re
 class NativeLlama:
     """The weights of a transformers Llama-family model, arranged for ``decoder_layer``."""
 
-    def __init__(self, model, *, bf16_copy: bool, compile_layers: bool):
+    def __init__(self, model, *, bf16_copy: bool, compile_layers: bool, decode_kernel: bool = False):
         config, inner = model.config, model.model
         self.model = model
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        self.dims = Dims(config.num_attention_heads, config.num_key_value_heads, head_dim, config.rms_norm_eps)
+        self.dims = Dims(config.num_attention_heads, config.num_key_value_heads, head_dim, config.rms_norm_eps,
+                         decode_kernel)
         self.embed = inner.embed_tokens
         self.rotary = inner.rotary_emb
         self._rotary_table: tuple[torch.Tensor, torch.Tensor] | None = None  # build_rotary_table

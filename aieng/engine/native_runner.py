@@ -18,12 +18,13 @@ from typing import NamedTuple
 
 import torch
 
+from aieng.engine import kernels
 from aieng.engine.formats import FormatPlan, bf16_wins, interleaved_medians
 from aieng.engine.compile_marks import compile_settings, mark_cache_dynamic
 from aieng.engine.native_llama import AttentionPlan, NativeLlama, causal_decode_mask
 from aieng.engine.oom import is_out_of_memory, release_cached_memory
 from aieng.engine.runner import Chunk, StepLogits
-from aieng.engine.slots import SlotKVCache, SlotShape, plan_slots
+from aieng.engine.slots import SlotKVCache, SlotShape, kv_dtype, plan_slots
 
 log = logging.getLogger("aieng.engine")
 
@@ -51,22 +52,31 @@ class NativeRunner:
     chunked = True
 
     def __init__(self, model, *, context_length: int, max_rows: int, kv_cache_bytes: int,
-                 formats: FormatPlan, compile_layers: bool, graphs_from: "NativeRunner | None" = None,
+                 formats: FormatPlan, compile_layers: bool, decode_attention: str = "auto",
+                 kv_cache_dtype: str = "model", graphs_from: "NativeRunner | None" = None,
                  cache_from_replaced: bool = False):
         """``graphs_from``: the runner of the engine this one replaces (same weight layout, and
         ``formats`` is its plan): its bf16 choice, timing and compiled stack are taken as they are.
         ``cache_from_replaced``: allocate no KV cache; a hot swap hands this runner part of
-        ``graphs_from``'s, then all of it (``succession``)."""
+        ``graphs_from``'s, then all of it (``succession``). ``decode_attention``: ``auto`` decodes
+        with aieng's CPU kernel when it builds here, ``sdpa`` with PyTorch's attention.
+        ``kv_cache_dtype``: ``model`` (the weights' dtype), ``bfloat16``, or ``auto`` (``kv_dtype``)."""
         self.device = next(model.parameters()).device
         # The bf16 copy: for the plan's steps, or for build_graphs to time the one-row graph in
         # (it is dropped there if neither uses it).
         bf16_copy = formats.uses_bf16 or (formats.measured and compile_layers)
         if graphs_from is not None:
             bf16_copy = graphs_from.net.layers_bf16 is not None
-        self.net = NativeLlama(model, bf16_copy=bf16_copy, compile_layers=compile_layers)
+        config = model.config
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        decode_kernel = (decode_attention == "auto" and self.device.type == "cpu" and kernels.supports(head_dim)
+                         and kernels.load() is None)
+        self.net = NativeLlama(model, bf16_copy=bf16_copy, compile_layers=compile_layers, decode_kernel=decode_kernel)
         self.net.build_rotary_table(context_length + 1)  # + the scratch column
         dims = self.net.dims
-        shape = SlotShape(self.net.num_layers, dims.kv_heads, dims.head_dim, self.net.dtype)
+        shape = SlotShape(self.net.num_layers, dims.kv_heads, dims.head_dim,
+                          kv_dtype(kv_cache_dtype, self.net.dtype, one_row_bf16=formats.use_bf16(1),
+                                   decode_kernel=decode_kernel))
         donor = graphs_from.cache if graphs_from is not None and cache_from_replaced else None
         self.awaits_cache = donor is not None and donor.shape == shape and donor.capacity == context_length
         # The rows it serves once warm (the graphs are built for them): a successor holds 0 until the swap.
@@ -79,6 +89,12 @@ class NativeRunner:
             self.cache = SlotKVCache(shape, slots=rows, capacity=context_length, device=self.device)
             mark_cache_dynamic(self.cache)
             self.planned_rows = rows
+        log.info("KV cache: %d rows of %d tokens in %s (%.0f MiB); decode attention: %s", self.planned_rows,
+                 context_length, str(shape.dtype).removeprefix("torch."),
+                 shape.bytes_per_token() * (context_length + 1) * self.planned_rows / 2**20,
+                 "aieng's CPU kernel" if decode_kernel else "PyTorch SDPA",
+                 extra={"event": "engine_kv_cache", "rows": self.planned_rows, "dtype": str(shape.dtype),
+                        "decode_kernel": decode_kernel})
         self.formats = formats
         self.timed_one_row_bf16: bool | None = None  # what build_graphs measured, when it did
         self.successor = graphs_from is not None  # its process already ran every kernel this one runs

@@ -34,7 +34,9 @@ def make_runner(model, *, config, context_length: int, pad_id: int, replacing=No
         budget = config.kv_cache_bytes or per_token * (context_length + 1) * config.max_rows
         return NativeRunner(model, context_length=context_length, max_rows=config.max_rows,
                             kv_cache_bytes=budget, formats=formats, compile_layers=config.compile,
-                            graphs_from=donor, cache_from_replaced=kv_from_replaced)
+                            decode_attention=config.decode_attention, kv_cache_dtype=config.kv_cache_dtype,
+                            graphs_from=donor,
+                            cache_from_replaced=kv_from_replaced)
     log.info("serving with the transformers forward: %s", why_not, extra={"event": "engine_runner"})
     return HFRunner(model, pad_id=pad_id, max_rows=config.max_rows, compile=config.compile)
 

@@ -38,6 +38,19 @@ class SlotShape:
         return 2 * self.layers * self.kv_heads * self.head_dim * element
 
 
+def kv_dtype(setting: str, model_dtype: torch.dtype, *, one_row_bf16: bool, decode_kernel: bool) -> torch.dtype:
+    """The cache's dtype. ``auto``: bf16 where the one-row step was measured to be bound by memory
+    (the format plan streams bf16 weights at 1 token) and aieng's kernel reads the cache (it widens
+    bf16 as it loads; SDPA would copy the cache to fp32 first); else the model's. A bf16 cache
+    halves the bytes a long-context decode reads and the memory a row holds; ``aieng eval
+    --kv-cache-dtype bfloat16`` records its accuracy."""
+    if setting not in ("auto", "model", "bfloat16"):
+        raise AiengError(f"KV cache dtype {setting!r}: use auto, model or bfloat16", code="bad_kv_cache_dtype")
+    if setting == "bfloat16" or (setting == "auto" and decode_kernel and one_row_bf16):
+        return torch.bfloat16
+    return model_dtype
+
+
 def plan_slots(shape: SlotShape, *, budget_bytes: int, capacity: int, max_rows: int) -> int:
     """How many rows of ``capacity`` tokens the budget holds (at most ``max_rows``, at least 1)."""
     per_row = shape.bytes_per_token() * (capacity + 1)

@@ -14,6 +14,11 @@ from aieng.store.introspect import prompt_template
 from aieng.errors import StoreError
 
 
+# None: full precision, recorded under ``eval``; the others under ``eval.variants.<name>`` with their
+# delta: int8 dynamic quantization, bf16 weights (``--dtype``), a bf16 KV cache (``--kv-cache-dtype``).
+VARIANTS = (None, "int8", "bfloat16", "kv_bfloat16")
+
+
 def evaluate_version(store: ModelStore, ref: ModelRef, config: LoadConfig = LoadConfig(), *,
                      n_per_family: int = 50, int8: bool = False, variant: str | None = None) -> dict:
     """Load ``ref`` (hash-verified), run the held-out suite, write ``eval`` into its manifest.
@@ -23,8 +28,8 @@ def evaluate_version(store: ModelStore, ref: ModelRef, config: LoadConfig = Load
     recorded full-precision metrics (which must exist and are left as they are).
     """
     variant = variant or ("int8" if int8 else None)
-    if variant not in (None, "int8", "bfloat16"):
-        raise StoreError(f"unknown evaluation variant {variant!r}: use int8 or bfloat16")
+    if variant not in VARIANTS:
+        raise StoreError(f"unknown evaluation variant {variant!r}: use one of {', '.join(v for v in VARIANTS if v)}")
     loaded = load_version(store, ref, config)
     model = loaded.model
     if variant:
@@ -44,6 +49,11 @@ def evaluate_version(store: ModelStore, ref: ModelRef, config: LoadConfig = Load
         from aieng.engine.formats import bf16_linears
 
         with bf16_linears(model):
+            report = evaluate(model, loaded.tokenizer, n_per_family=n_per_family)
+    elif variant == "kv_bfloat16":
+        from aieng.evaluation.kv_rounding import bf16_kv_rounding
+
+        with bf16_kv_rounding(model):
             report = evaluate(model, loaded.tokenizer, n_per_family=n_per_family)
     else:
         report = evaluate(model, loaded.tokenizer, n_per_family=n_per_family)

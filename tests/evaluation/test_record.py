@@ -43,3 +43,26 @@ def test_int8_refuses_a_delta_against_a_different_prompt_set(store):
     with pytest.raises(StoreError, match="--n-per-family 4"):
         evaluate_version(store, ref, n_per_family=2, int8=True)
     assert "variants" not in store.manifest(ref).eval
+
+
+def test_the_bf16_kv_cache_variant_is_recorded_and_its_rounding_is_undone_afterwards(store):
+    """``aieng eval --kv-cache-dtype bfloat16``: its own entry and delta; the model is left as it was."""
+    from aieng.evaluation.kv_rounding import bf16_kv_rounding
+    from aieng.loading.loader import load_version
+
+    ref = ModelRef("tiny", "1")
+    base = evaluate_version(store, ref, n_per_family=4)
+    result = evaluate_version(store, ref, n_per_family=4, variant="kv_bfloat16")
+    entry = store.manifest(ref).eval["variants"]["kv_bfloat16"]
+    assert result["variant"] == "kv_bfloat16" and entry["metrics"] == result["metrics"]
+    assert entry["delta"]["perplexity"] == pytest.approx(entry["metrics"]["perplexity"] - base["metrics"]["perplexity"],
+                                                         abs=1e-3)
+    assert entry["metrics"]["perplexity"] != base["metrics"]["perplexity"]  # the rounding did reach the attention
+
+    model = load_version(store, ref).model
+    ids = __import__("torch").tensor([[5, 9, 11, 13, 17]])
+    before = model(input_ids=ids).logits
+    with bf16_kv_rounding(model):
+        rounded = model(input_ids=ids).logits
+    after = model(input_ids=ids).logits
+    assert not rounded.equal(before) and after.equal(before)

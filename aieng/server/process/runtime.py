@@ -59,10 +59,19 @@ class RuntimeConfig:
             from aieng.errors import ConfigError
 
             raise ConfigError(f"AIENG_WEIGHT_FORMATS={settings.weight_formats!r}: use auto, float32 or bfloat16")
+        if settings.decode_attention not in ("auto", "sdpa"):
+            from aieng.errors import ConfigError
+
+            raise ConfigError(f"AIENG_DECODE_ATTENTION={settings.decode_attention!r}: use auto or sdpa")
+        if settings.kv_cache_dtype not in ("auto", "model", "bfloat16"):
+            from aieng.errors import ConfigError
+
+            raise ConfigError(f"AIENG_KV_CACHE_DTYPE={settings.kv_cache_dtype!r}: use auto, model or bfloat16")
         engine = EngineConfig(compile=settings.compile, quantize_int8=settings.int8, native=settings.native,
                               max_rows=settings.max_batch_size, kv_cache_bytes=settings.kv_cache_mb * 2**20,
                               prefill_chunk_tokens=settings.prefill_chunk_tokens,
                               weight_formats=settings.weight_formats,
+                              decode_attention=settings.decode_attention, kv_cache_dtype=settings.kv_cache_dtype,
                               compile_budget_s=settings.compile_budget_s, oom_degrade=settings.oom_degrade)
         scheduler = SchedulerConfig(max_batch_size=settings.max_batch_size, max_batch_tokens=settings.max_batch_tokens,
                                     max_queue=settings.max_queue, max_queue_delay_ms=settings.max_queue_delay_ms,

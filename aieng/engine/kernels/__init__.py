@@ -1,0 +1,133 @@
+"""aieng's own CPU kernels, compiled on the serving host the first time they are needed.
+
+One so far: ``torch.ops.aieng.decode_attention`` (``decode_attention.cpp``), the decode step's
+attention over the static KV cache. PyTorch's CPU ``scaled_dot_product_attention`` is built for
+prefill: for a decode query of a few rows it reads the cache at well under the machine's memory
+bandwidth, and at batch 1 it has only as many units of work as KV heads. At long context that
+read is what a decode step grows by (``aieng bench context``).
+
+Why compiled here and not shipped: the kernel is vectorised for the CPU it runs on (AVX2 or
+AVX-512), against the torch it is loaded into. It is built with the same C++ compiler
+``torch.compile`` already needs, in about 15 s, once: the library lands in the compile cache
+directory (``TORCHINDUCTOR_CACHE_DIR``, which ``aieng serve`` points at ``AIENG_COMPILE_CACHE_DIR``),
+named by a hash of the source, the flags, the torch version and the compiler, so a restart loads
+it and a changed host builds its own. A host that cannot build it (no compiler) serves with
+PyTorch's attention and says so once in the log: slower at long context, never wrong.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger("aieng.engine")
+
+SOURCE = Path(__file__).with_name("decode_attention.cpp")
+BUILD_TIMEOUT_S = 600
+
+_lock = threading.Lock()
+_state: dict = {"loaded": False, "error": None}
+
+
+def cache_dir() -> Path:
+    """Where built kernels live: beside torch.compile's own cache."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir as inductor_cache_dir
+
+    return Path(inductor_cache_dir()) / "aieng-kernels"
+
+
+def arch_flags() -> list[str]:
+    """Vector-unit flags for this CPU, from what PyTorch itself detected (its ``Vectorized``
+    headers need the matching ``CPU_CAPABILITY`` macro). Plain C++ elsewhere (ARM, old x86)."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return []
+    capability = torch.backends.cpu.get_cpu_capability()
+    if capability.startswith("AVX512"):
+        return ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma", "-mf16c",
+                "-DCPU_CAPABILITY=AVX512", "-DCPU_CAPABILITY_AVX512"]
+    if capability == "AVX2":
+        return ["-mavx2", "-mfma", "-mf16c", "-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2"]
+    return []
+
+
+def compiler() -> str | None:
+    return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+
+
+def build_command(cxx: str, output: Path) -> list[str]:
+    from torch.utils.cpp_extension import include_paths, library_paths
+
+    lib = library_paths()[0]
+    return [cxx, "-O3", "-std=c++17", "-w", "-fPIC", "-shared", "-fopenmp", *arch_flags(),
+            f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
+            *(f"-I{p}" for p in include_paths()), str(SOURCE), "-o", str(output),
+            f"-L{lib}", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{lib}"]
+
+
+def library_path(cxx: str) -> Path:
+    version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
+    key = hashlib.sha256(SOURCE.read_bytes())
+    for part in (" ".join(build_command(cxx, Path("out"))), torch.__version__, version):
+        key.update(part.encode())
+    return cache_dir() / f"aieng_kernels-{key.hexdigest()[:16]}.so"
+
+
+def _build(cxx: str, target: Path) -> None:
+    """Compile into a temporary file beside ``target``, then rename: a crash or a second worker
+    building at the same time never leaves a half-written library under the final name."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=target.stem + ".", suffix=".so.tmp", dir=target.parent)
+    os.close(fd)
+    started = time.monotonic()
+    log.info("building aieng's CPU decode-attention kernel (once per host and torch version): %s", target.name)
+    try:
+        done = subprocess.run(build_command(cxx, Path(tmp)), capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+        if done.returncode != 0:
+            raise RuntimeError(f"{cxx} exited {done.returncode}: {done.stderr.strip()[-1500:]}")
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    log.info("built the decode-attention kernel in %.1f s", time.monotonic() - started)
+
+
+def load() -> str | None:
+    """Build (if needed) and load the kernels into this process. None when they are loaded;
+    otherwise why not (the caller then uses PyTorch's attention). Thread-safe, once per process."""
+    with _lock:
+        if _state["loaded"] or _state["error"]:
+            return _state["error"]
+        try:
+            cxx = compiler()
+            if cxx is None:
+                raise RuntimeError("no C++ compiler (set CXX, or install g++)")
+            target = library_path(cxx)
+            if not target.exists():
+                _build(cxx, target)
+            torch.ops.load_library(str(target))
+            torch.library.register_fake("aieng::decode_attention")(_decode_attention_shape)
+            _state["loaded"] = True
+        except Exception as exc:  # noqa: BLE001 - any failure means: serve with PyTorch's attention
+            _state["error"] = f"{type(exc).__name__}: {exc}"
+            log.warning("aieng's decode-attention kernel is unavailable, using PyTorch's attention "
+                        "(slower at long context): %s", _state["error"])
+        return _state["error"]
+
+
+def _decode_attention_shape(query, keys, values, positions, first, scale):
+    return torch.empty_like(query)
+
+
+def supports(head_dim: int) -> bool:
+    """The kernel's head width: a multiple of the widest vector (16 floats) up to 256."""
+    return head_dim % 16 == 0 and 0 < head_dim <= 256
