@@ -29,6 +29,7 @@ def add_parser(sub) -> None:
     p.add_argument("--weight-formats", choices=list(FORMATS), default="auto",
                    help="as AIENG_WEIGHT_FORMATS for `aieng serve`: auto measures at which step sizes bf16 weights "
                         "beat fp32 on this CPU (default auto, what the server runs)")
+    _attention_options(p)
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(handler=_engine)
 
@@ -107,6 +108,13 @@ def add_parser(sub) -> None:
 FORMATS = ("auto", "float32", "bfloat16")  # as AIENG_WEIGHT_FORMATS
 
 
+def _attention_options(p) -> None:
+    p.add_argument("--decode-attention", choices=["auto", "sdpa"], default="auto",
+                   help="as AIENG_DECODE_ATTENTION: auto = aieng's CPU kernel (when it builds), sdpa = PyTorch's")
+    p.add_argument("--kv-cache-dtype", choices=["auto", "model", "bfloat16"], default="auto",
+                   help="as AIENG_KV_CACHE_DTYPE (default auto, as the server)")
+
+
 def _engine_bench_options(p, *, batch: int, repeats: int) -> None:
     """What every engine-only benchmark takes: the model, the batch, repeats, the serving settings."""
     p.add_argument("--model", default=None, metavar="PATH|N[@V]", help="a model folder or a store reference")
@@ -114,10 +122,7 @@ def _engine_bench_options(p, *, batch: int, repeats: int) -> None:
     p.add_argument("--repeats", type=int, default=repeats)
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--weight-formats", choices=list(FORMATS), default="auto")
-    p.add_argument("--decode-attention", choices=["auto", "sdpa"], default="auto",
-                   help="as AIENG_DECODE_ATTENTION: auto = aieng's CPU kernel (when it builds), sdpa = PyTorch's")
-    p.add_argument("--kv-cache-dtype", choices=["auto", "model", "bfloat16"], default="auto",
-                   help="as AIENG_KV_CACHE_DTYPE (default auto, as the server)")
+    _attention_options(p)
     p.add_argument("--json", action="store_true")
 
 

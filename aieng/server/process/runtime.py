@@ -120,11 +120,23 @@ class Runtime:
                 return
             with _one_torch_thread():
                 self.loaded = load_version(store, type(self.ref)(self.ref.name, version), load_config)
+            self._build_kernels()
         except BaseException as exc:
             self.progress.fail(exc)
             raise
         gc.collect()
         gc.freeze()
+
+    def _build_kernels(self) -> None:
+        """aieng's CPU decode-attention kernel, built (first start on a host: ~15 s) and loaded in the
+        master, so the workers find it built instead of each compiling it at once."""
+        from aieng.engine import kernels
+        from aieng.engine.native_llama import native_support
+
+        engine = self.config.engine
+        if engine.native and engine.decode_attention == "auto" and native_support(self.loaded.model) is None:
+            self.progress.detail("aieng's CPU decode-attention kernel (built once per host, then loaded from the cache)")
+            kernels.load()
 
     def warm_before_fork(self) -> float | None:
         """CPU workers with one torch thread: build the engine and warm it up (torch.compile
