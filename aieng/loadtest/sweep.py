@@ -60,18 +60,30 @@ def run_sweep(workload: Workload, config: RunConfig, slos: dict[str, float], *, 
     return levels
 
 
+def _past_knee(levels: list[dict], i: int) -> tuple[bool, bool]:
+    """(behind, flat) for level ``i``: throughput below 90% of the offered rate; throughput up by
+    under 5% on the level before while median end-to-end latency rose by over 50%."""
+    a = levels[i]["summary"]["all"]
+    behind = a["throughput_rps"] < 0.9 * a["offered_rps"]
+    flat = False
+    if i:
+        b = levels[i - 1]["summary"]["all"]
+        p50, prev = a["e2e_s"]["p50"], b["e2e_s"]["p50"]
+        flat = bool(a["throughput_rps"] < 1.05 * b["throughput_rps"] and p50 is not None and prev and p50 > 1.5 * prev)
+    return behind, flat
+
+
 def saturation(levels: list[dict]) -> dict | None:
-    """The first level past the knee: throughput below 90% of the offered rate, or throughput up by
-    under 5% while median end-to-end latency rose by over 50%. ``sustainable_rps`` is the
-    throughput of the level before it."""
+    """The first level past the knee (``_past_knee``) that the next level confirms. A level is
+    judged on a few seconds of completions: a stall near its end (a noisy neighbour, a GC pause)
+    can leave its throughput 10% short at a rate far below capacity. If the next, faster level kept
+    up with its offered rate, that was noise, not the knee. ``sustainable_rps`` is the throughput
+    of the level before it."""
     for i, level in enumerate(levels):
         a = level["summary"]["all"]
-        behind = a["throughput_rps"] < 0.9 * a["offered_rps"]
-        flat = False
-        if i:
-            b = levels[i - 1]["summary"]["all"]
-            p50, prev = a["e2e_s"]["p50"], b["e2e_s"]["p50"]
-            flat = a["throughput_rps"] < 1.05 * b["throughput_rps"] and p50 is not None and prev and p50 > 1.5 * prev
+        behind, flat = _past_knee(levels, i)
+        if (behind or flat) and i + 1 < len(levels) and not any(_past_knee(levels, i + 1)):
+            continue
         if behind or flat:
             previous = levels[i - 1]["summary"]["all"]["throughput_rps"] if i else None
             return {"level": i, "offered_rps": a["offered_rps"], "throughput_rps": a["throughput_rps"],

@@ -68,6 +68,15 @@ def test_saturation_is_where_throughput_stops_following_the_rate():
     assert flat["level"] == 1 and "stopped rising" in flat["reason"]
 
 
+def test_a_level_short_of_its_rate_is_not_the_knee_when_the_next_faster_level_keeps_up():
+    """A stall at the end of one short level leaves it 10% behind; the level after shows it was noise."""
+    noisy = [level(8, 7.0, 0.3), level(16, 16, 0.3), level(32, 31, 0.4), level(64, 33, 2.5), level(128, 32, 5.0)]
+    knee = saturation(noisy)
+    assert knee["level"] == 3 and knee["sustainable_rps"] == 31
+    assert saturation([level(8, 7.0, 0.3)])["level"] == 0  # nothing after it yet: it stands (the sweep goes on)
+    assert saturation([level(8, 7.0, 0.3), level(16, 9, 2.0)])["level"] == 0  # confirmed by the next level
+
+
 def test_the_capacity_plan_takes_the_best_level_that_met_the_slos():
     levels = [level(2, 2, 0.1), level(4, 4, 0.2), level(8, 7.5, 0.5, attainment=0.6), level(16, 6, 3.0)]
     plan = capacity_plan(levels, target_rps=30, headroom=0.2)
