@@ -19,6 +19,7 @@ from typing import NamedTuple
 import torch
 
 from aieng.engine import kernels
+from aieng.engine.runner_choice import head_dim as config_head_dim
 from aieng.engine.formats import FormatPlan, bf16_wins, interleaved_medians
 from aieng.engine.compile_marks import compile_settings, mark_cache_dynamic
 from aieng.engine.native_llama import AttentionPlan, NativeLlama, causal_decode_mask
@@ -67,9 +68,8 @@ class NativeRunner:
         bf16_copy = formats.uses_bf16 or (formats.measured and compile_layers)
         if graphs_from is not None:
             bf16_copy = graphs_from.net.layers_bf16 is not None
-        config = model.config
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        decode_kernel = (decode_attention == "auto" and self.device.type == "cpu" and kernels.supports(head_dim)
+        decode_kernel = (decode_attention == "auto" and self.device.type == "cpu"
+                         and kernels.supports(config_head_dim(model.config))
                          and kernels.load() is None)
         self.net = NativeLlama(model, bf16_copy=bf16_copy, compile_layers=compile_layers, decode_kernel=decode_kernel)
         self.net.build_rotary_table(context_length + 1)  # + the scratch column

@@ -55,18 +55,13 @@ class RuntimeConfig:
     @classmethod
     def from_settings(cls, settings: Settings) -> "RuntimeConfig":
         """The one place where ``Settings`` (environment and flags) become component configs."""
-        if settings.weight_formats not in ("auto", "float32", "bfloat16"):
-            from aieng.errors import ConfigError
+        for name, value, allowed in (("AIENG_WEIGHT_FORMATS", settings.weight_formats, ("auto", "float32", "bfloat16")),
+                                     ("AIENG_DECODE_ATTENTION", settings.decode_attention, ("auto", "sdpa")),
+                                     ("AIENG_KV_CACHE_DTYPE", settings.kv_cache_dtype, ("auto", "model", "bfloat16"))):
+            if value not in allowed:
+                from aieng.errors import ConfigError
 
-            raise ConfigError(f"AIENG_WEIGHT_FORMATS={settings.weight_formats!r}: use auto, float32 or bfloat16")
-        if settings.decode_attention not in ("auto", "sdpa"):
-            from aieng.errors import ConfigError
-
-            raise ConfigError(f"AIENG_DECODE_ATTENTION={settings.decode_attention!r}: use auto or sdpa")
-        if settings.kv_cache_dtype not in ("auto", "model", "bfloat16"):
-            from aieng.errors import ConfigError
-
-            raise ConfigError(f"AIENG_KV_CACHE_DTYPE={settings.kv_cache_dtype!r}: use auto, model or bfloat16")
+                raise ConfigError(f"{name}={value!r}: use {', '.join(allowed[:-1])} or {allowed[-1]}")
         engine = EngineConfig(compile=settings.compile, quantize_int8=settings.int8, native=settings.native,
                               max_rows=settings.max_batch_size, kv_cache_bytes=settings.kv_cache_mb * 2**20,
                               prefill_chunk_tokens=settings.prefill_chunk_tokens,
