@@ -52,6 +52,7 @@ from aieng.loading.loader import load_version
 from aieng.observability import metrics
 from aieng.observability.logs import set_service
 from aieng.server.process.canary import CanaryKeeper
+from aieng.server.process.model_threads import run_on_own_thread
 from aieng.server.process.serving import Serving
 from aieng.store import ModelRef, ModelStore
 
@@ -114,7 +115,12 @@ class HotSwapper:
     def check(self, *, forced: bool = False) -> SwapOutcome:
         """Swap to ``current`` if it differs from what is served, then load, re-weight or unload
         the canary to match the store. ``forced`` (an admin reload) also retries a version that
-        failed before."""
+        failed before. Runs on a thread of its own, which ends with the check: a swap measures,
+        loads and warms up models, and the caller (the watcher, the admin endpoint's executor)
+        lives on, so its OpenMP pool would slow the engine's every step (model_threads.py)."""
+        return run_on_own_thread(self._check, forced, name="aieng-swap")
+
+    def _check(self, forced: bool) -> SwapOutcome:
         outcome = self._check_current(forced=forced)
         if self.runtime.serving is not None and self.runtime.ready and outcome.status != "busy":
             with self._lock:

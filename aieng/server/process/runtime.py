@@ -26,6 +26,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from aieng.observability import metrics
+from aieng.server.process.model_threads import run_on_own_thread
 from aieng.engine import Engine, EngineConfig
 from aieng.errors import NotReadyError
 from aieng.loading.device import wants_cuda
@@ -163,6 +164,11 @@ class Runtime:
 
     # -- worker --------------------------------------------------------------------------------
     def start(self, *, background_warmup: bool = True) -> None:
+        """Build the engine and start warming up; on a thread of its own, which ends with it,
+        so the caller's thread keeps no OpenMP pool beside the engine's (model_threads.py)."""
+        run_on_own_thread(self._start, background_warmup, name="aieng-start")
+
+    def _start(self, background_warmup: bool) -> None:
         try:
             self._start_engine()
         except BaseException as exc:
