@@ -36,6 +36,7 @@ class ServeBenchConfig:
     include_batching_off: bool = True
     measure_pss: bool = True
     metrics_overhead_rounds: int = 0  # > 0: metrics on vs off at C=32, this many alternating rounds each
+    plain_forward: bool = False  # also the plain batched forward at batch 32: aieng's C=32 share of it
 
 
 @dataclass
@@ -43,6 +44,7 @@ class ServeBenchResult:
     results: dict = field(default_factory=dict)  # config -> {concurrency: LoadResult dict}
     pss: dict | None = None
     metrics_overhead: dict | None = None
+    plain_forward: dict | None = None  # {"batch", "threads", "tok_s"}: the hardware's reference rate
     peer_errors: dict = field(default_factory=dict)  # peer label -> why it was not measured
     peer_info: dict = field(default_factory=dict)  # peer label -> command, threads, gguf file
     targets: dict = field(default_factory=dict)
@@ -142,8 +144,30 @@ def run_serve_bench(store: Path, model_ref: str, model_dir: Path, tokenizer, con
     if config.metrics_overhead_rounds and config.include_aieng:
         log(f"[bench serve] metrics on vs off: {config.metrics_overhead_rounds} alternating rounds at C=32")
         bench.metrics_overhead = measure_metrics_overhead(store, model_ref, bodies_for(name), config, progress)
+    if config.plain_forward:
+        log("[bench serve] the plain batched forward at batch 32 (the hardware's reference rate)")
+        bench.plain_forward = measure_plain_forward(model_dir)
     bench.targets = evaluate_targets(bench)
     return bench
+
+
+def measure_plain_forward(model_dir: Path, batch: int = 32) -> dict:
+    """transformers' own batched forward decoding ``batch`` rows in this process, after every
+    server has stopped, with the torch threads one aieng worker gets here: the rate the hardware
+    gives with nothing else, the denominator of aieng's share at C=32."""
+    import torch
+
+    from aieng.bench.plain_forward import plain_decode_tokens_per_s
+    from aieng.loading.loader import LoadConfig, load_folder
+
+    threads, previous = peer_threads(0, model_dir), torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        loaded = load_folder(model_dir, LoadConfig())
+        rate = plain_decode_tokens_per_s(loaded.model, batch=batch)
+    finally:
+        torch.set_num_threads(previous)
+    return {"batch": batch, "threads": threads, "tok_s": round(rate, 1)}
 
 
 def run_peer(bench: ServeBenchResult, spec: PeerSpec, model_dir: Path, tokenizer, config: ServeBenchConfig,
@@ -268,6 +292,10 @@ def evaluate_targets(bench: ServeBenchResult) -> dict:
                     "target": "aieng/peer tok/s (reported)", "met": None,
                     "p99_ratio": round(on[c]["latency_p99_s"] / levels[c]["latency_p99_s"], 2),
                     "p99_aieng_s": on[c]["latency_p99_s"], "p99_peer_s": levels[c]["latency_p99_s"]}
+    if bench.plain_forward and 32 in on and on[32]["ok"]:
+        share = on[32]["output_tok_per_s"] / bench.plain_forward["tok_s"]
+        targets["share_of_plain_forward_c32"] = {"value": round(share, 2), "target": ">= 0.8 (aieng C=32 tok/s over "
+                                                 "the plain batched forward at batch 32)", "met": share >= 0.8}
     if bench.metrics_overhead:
         m = bench.metrics_overhead
         targets["metrics_overhead_c32_pct"] = {
@@ -296,6 +324,10 @@ def format_table(bench: ServeBenchResult) -> str:
                      f"{p['service_two_workers_bytes'] / 2**20:.0f} MiB (ratio {p['ratio']:.2f}); workers only "
                      f"{p['one_worker_bytes'] / 2**20:.0f} vs {p['two_workers_bytes'] / 2**20:.0f} MiB "
                      f"(ratio {p['workers_ratio']:.2f}, at least 4/3 by construction)")
+    if bench.plain_forward:
+        p = bench.plain_forward
+        lines.append(f"plain batched forward, batch {p['batch']}, {p['threads']} threads: {p['tok_s']:.1f} tok/s "
+                     "(the hardware's reference rate)")
     if bench.metrics_overhead:
         m = bench.metrics_overhead
         lines.append(f"metrics on vs off at C={m['concurrency']} (median of {len(m['rounds']['on'])} alternating rounds): "

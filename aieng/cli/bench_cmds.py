@@ -48,8 +48,8 @@ def add_parser(sub) -> None:
                                      "converted once per model hash and --peer-format; llama-cpp-python = "
                                      "`python -m llama_cpp.server` on the same GGUF (one request at a time). A peer "
                                      "that is not installed is skipped with the command that installs it. Issue #10's "
-                                     "comparison: --peer llama.cpp --peer-format f32,q8_0 --concurrency 1,32 "
-                                     "--max-tokens 64.")
+                                     "comparison: --peer llama.cpp --peer-format f32,q8_0 --peer transformers "
+                                     "--plain-forward --concurrency 1,32 --max-tokens 64.")
     p.add_argument("--model", default=None, metavar="N[@V]", help="store reference (default: $AIENG_MODEL)")
     p.add_argument("--peer", action="append", default=None, metavar="NAME[,NAME]",
                    help="a server to measure beside aieng, repeatable or comma-separated: transformers, llama.cpp, "
@@ -66,6 +66,9 @@ def add_parser(sub) -> None:
     p.add_argument("--requests", type=int, default=64, help="requests per level (at least 2 x C)")
     p.add_argument("--no-batching-off", action="store_true", help="skip the max_batch_size=1 run")
     p.add_argument("--no-pss", action="store_true", help="skip the PSS measurement")
+    p.add_argument("--plain-forward", action="store_true",
+                   help="also time transformers' plain batched forward at batch 32 in this process once the servers "
+                        "have stopped (the hardware's reference rate) and report aieng's C=32 share of it (target >= 0.8)")
     p.add_argument("--metrics-overhead", type=int, default=0, metavar="ROUNDS",
                    help="also measure the cost of Prometheus metrics: servers with AIENG_METRICS=1 and =0 driven in "
                         "ROUNDS alternating rounds at C=32 (p50 latency and server CPU per request)")
@@ -267,7 +270,8 @@ def _serve(args: argparse.Namespace) -> int:
                               peers=tuple(peers), include_batching_off=not args.no_batching_off,
                               measure_pss=not args.no_pss, metrics_overhead_rounds=args.metrics_overhead,
                               peer_threads=args.peer_threads, gguf_cache=args.gguf_cache,
-                              peer_slots=settings.max_batch_size, include_aieng=not args.no_aieng)
+                              peer_slots=settings.max_batch_size, include_aieng=not args.no_aieng,
+                              plain_forward=args.plain_forward)
     configs = (0 if args.no_aieng else 1 + (not args.no_batching_off)) + len(peers)
     total = configs * sum(max(args.requests, 2 * c) for c in levels) \
         + 2 * args.metrics_overhead * max(args.requests, 64)
@@ -283,7 +287,7 @@ def _serve(args: argparse.Namespace) -> int:
             "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds")})
     if args.json:
         print_json({"results": bench.results, "pss": bench.pss, "metrics_overhead": bench.metrics_overhead,
-                    "peer_errors": bench.peer_errors, "peer_info": bench.peer_info, "targets": bench.targets})
+                    "plain_forward": bench.plain_forward, "peer_errors": bench.peer_errors, "peer_info": bench.peer_info, "targets": bench.targets})
     else:
         print(format_table(bench))
     return 0

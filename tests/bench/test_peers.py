@@ -87,6 +87,31 @@ def test_peer_ratios_are_reported_beside_aieng():
         in format_table(bench)
 
 
+def test_aiengs_c32_share_of_the_plain_forward_is_a_target():
+    level = {"ok": 64, "req_per_s": 3.0, "output_tok_per_s": 180.0, "latency_p50_s": 10.0, "latency_p99_s": 12.0,
+             "ttft_p50_s": 1.0, "ttft_p99_s": 4.0, "mean_completion_tokens": 64.0, "errors": 0}
+    plain = {"batch": 32, "threads": 2, "tok_s": 200.0}
+    bench = ServeBenchResult(results={"aieng": {32: level}}, plain_forward=plain)
+    bench.targets = evaluate_targets(bench)
+    assert bench.targets["share_of_plain_forward_c32"]["value"] == 0.9 and bench.targets["share_of_plain_forward_c32"]["met"]
+    table = format_table(bench)
+    assert "plain batched forward, batch 32, 2 threads: 200.0 tok/s" in table
+    assert "target share_of_plain_forward_c32: 0.9" in table and "-> met" in table
+    slow = ServeBenchResult(results={"aieng": {32: {**level, "output_tok_per_s": 150.0}}}, plain_forward=plain)
+    assert evaluate_targets(slow)["share_of_plain_forward_c32"] == {
+        "value": 0.75, "target": ">= 0.8 (aieng C=32 tok/s over the plain batched forward at batch 32)", "met": False}
+    assert "share_of_plain_forward_c32" not in evaluate_targets(ServeBenchResult(results={"aieng": {32: level}}))
+
+
+def test_the_plain_forward_is_measured_on_the_models_own_weights(tiny_shape_model_dir, tmp_path):
+    config = ServeBenchConfig(include_aieng=False, measure_pss=False, plain_forward=True)
+    logged = []
+    bench = run_serve_bench(tmp_path, "tiny@1", tiny_shape_model_dir, None, config, log=logged.append)
+    assert bench.plain_forward["batch"] == 32 and bench.plain_forward["threads"] >= 1
+    assert bench.plain_forward["tok_s"] > 0
+    assert any("plain batched forward" in line for line in logged)
+
+
 def test_a_peer_server_gets_a_free_port_and_stops(tmp_path):
     (tmp_path / "health").write_text("ok")  # http.server answers GET /health with this file: "ready"
     server = PeerServer(name="fake peer", argv=[sys.executable, "-m", "http.server", "{port}", "--bind", "127.0.0.1",
