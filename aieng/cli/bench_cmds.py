@@ -287,7 +287,8 @@ def _serve(args: argparse.Namespace) -> int:
             "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds")})
     if args.json:
         print_json({"results": bench.results, "pss": bench.pss, "metrics_overhead": bench.metrics_overhead,
-                    "plain_forward": bench.plain_forward, "peer_errors": bench.peer_errors, "peer_info": bench.peer_info, "targets": bench.targets})
+                    "plain_forward": bench.plain_forward, "peer_errors": bench.peer_errors,
+                    "peer_info": bench.peer_info, "targets": bench.targets})
     else:
         print(format_table(bench))
     return 0

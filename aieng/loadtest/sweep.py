@@ -79,15 +79,13 @@ def saturation(levels: list[dict]) -> dict | None:
     can leave its throughput 10% short at a rate far below capacity. If the next, faster level kept
     up with its offered rate, that was noise, not the knee. ``sustainable_rps`` is the throughput
     of the level before it."""
+    marks = [_past_knee(levels, i) for i in range(len(levels))]  # (behind, flat) per level
     for i, level in enumerate(levels):
         a = level["summary"]["all"]
-        behind, flat = _past_knee(levels, i)
-        if (behind or flat) and i + 1 < len(levels) and not any(_past_knee(levels, i + 1)):
-            continue
-        if behind or flat:
+        if any(marks[i]) and (i + 1 == len(levels) or any(marks[i + 1])):
             previous = levels[i - 1]["summary"]["all"]["throughput_rps"] if i else None
             return {"level": i, "offered_rps": a["offered_rps"], "throughput_rps": a["throughput_rps"],
-                    "sustainable_rps": previous, "reason": "throughput fell behind the offered rate" if behind
+                    "sustainable_rps": previous, "reason": "throughput fell behind the offered rate" if marks[i][0]
                     else "throughput stopped rising while median latency climbed"}
     return None
 

@@ -26,7 +26,6 @@ from dataclasses import dataclass, replace
 import torch
 
 from aieng.observability import metrics
-from aieng.server.process.model_threads import run_on_own_thread
 from aieng.engine import Engine, EngineConfig
 from aieng.errors import NotReadyError
 from aieng.loading.device import wants_cuda
@@ -35,6 +34,7 @@ from aieng.observability.logs import set_service
 from aieng.scheduler import EngineLoop, SchedulerConfig
 from aieng.server.process import gpu_worker
 from aieng.server.process.hot_swap import HotSwapper
+from aieng.server.process.model_threads import run_on_own_thread
 from aieng.server.process.serving import Serving
 from aieng.server.process.compile_cache import compile_cache_counts, compile_cache_delta
 from aieng.server.process.startup import FAILED, PhasedStore, StartupProgress
