@@ -56,8 +56,8 @@ class FormatPlan:
     """``bf16_from``: (token count, use bf16) from that count up, ascending; empty = fp32 always.
     ``measured``: chosen by measurement (``auto``) with room for a bf16 copy, so the compiled
     one-row graph may time both formats for itself (``NativeRunner.build_graphs``).
-    ``packed_from``: fp32 steps of at least this many tokens multiply from oneDNN-packed copies
-    of the matrices (``packed_weights``); 0: never."""
+    ``packed_from``: steps of at least this many tokens multiply from oneDNN-packed copies of
+    the matrices of their format (``packed_weights``); 0: never."""
 
     bf16_from: tuple[tuple[int, bool], ...] = ()
     measured: bool = False

@@ -44,6 +44,7 @@ def test_a_packed_product_matches_f_linear_from_min_rows_and_is_f_linear_below(w
 
 
 def test_a_copy_goes_with_its_weight_and_a_new_tensor_at_the_address_never_meets_it():
+    gc.collect()  # earlier tests' engines, and their copies, go first
     before = packed_weights.packed_bytes()
     w = torch.randn(64, 32)
     packed_weights.pack(w)
@@ -51,6 +52,7 @@ def test_a_copy_goes_with_its_weight_and_a_new_tensor_at_the_address_never_meets
     del w
     gc.collect()
     assert packed_weights.packed_bytes() == before
+    assert not packed_weights.is_packed(torch.empty(64, 32))  # whatever address it gets
 
 
 @pytest.mark.parametrize("bad", [torch.zeros(4, 4, dtype=torch.int8), torch.zeros(2, 4, 4), torch.zeros(4)])
