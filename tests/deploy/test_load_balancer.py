@@ -196,7 +196,9 @@ def check_the_image_healthcheck(replica) -> None:
 
 
 def check_the_waiting_requests_metric_rises_with_load(balancer, replicas, render) -> None:
-    body = {"model": "demo", "prompt": render("reverse: egg fish gold"), "max_tokens": 64, "temperature": 0,
+    # 256 tokens each: long enough that the queue outlasts a few 0.1 s polls on a fast CPU (with 64
+    # it drained in well under a second on an AVX-512 machine and the poll saw a peak of 9)
+    body = {"model": "demo", "prompt": render("reverse: egg fish gold"), "max_tokens": 256, "temperature": 0,
             "ignore_eos": True}
 
     def waiting() -> float:
