@@ -17,6 +17,9 @@ import typing
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
+#: AIENG_WEIGHT_FORMATS's choices (engine/formats.py says what each runs)
+WEIGHT_FORMATS = ("auto", "float32", "bfloat16", "float32-packed", "bfloat16-packed")
+
 
 def _setting(default, help: str, **kwargs):
     if callable(default):  # a default_factory
@@ -44,8 +47,10 @@ class Settings:
                                               "several steps while running streams keep decoding (native forward)")
     kv_cache_mb: int = _setting(0, "static KV cache budget in MiB (native forward); 0 = max_batch_size rows of the "
                                    "full context. Fewer rows fit: the batch size is lowered to match, and logged")
-    weight_formats: str = _setting("auto", "auto | float32 | bfloat16: auto measures at start-up at which step "
-                                           "sizes bf16 weights beat fp32 on this CPU and keeps both copies")
+    weight_formats: str = _setting("auto", "auto | float32 | bfloat16 | float32-packed | bfloat16-packed: auto "
+                                           "measures at start-up at which step sizes bf16 weights beat fp32 on "
+                                           "this CPU, and from which size oneDNN-packed copies of them multiply "
+                                           "faster, and keeps the copies the plan uses; the others fix one format")
     decode_attention: str = _setting("auto", "auto | sdpa: auto decodes on the CPU with aieng's attention kernel (built "
                                              "once with the C++ compiler torch.compile uses, cached beside its "
                                              "cache) and uses PyTorch's scaled_dot_product_attention where it cannot "

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from aieng.cli.common import print_json, settings_from, store_option_parent
+from aieng.settings import WEIGHT_FORMATS
 
 STORE = store_option_parent()
 
@@ -28,7 +29,8 @@ def add_parser(sub) -> None:
     p.add_argument("--int8", action="store_true", help="dynamic int8 quantization of Linear layers (CPU)")
     p.add_argument("--weight-formats", choices=list(FORMATS), default="auto",
                    help="as AIENG_WEIGHT_FORMATS for `aieng serve`: auto measures at which step sizes bf16 weights "
-                        "beat fp32 on this CPU (default auto, what the server runs)")
+                        "beat fp32 on this CPU and from which size oneDNN-packed copies win (default auto, what the "
+                        "server runs)")
     _attention_options(p)
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(handler=_engine)
@@ -108,7 +110,7 @@ def add_parser(sub) -> None:
     p.set_defaults(handler=_grammar)
 
 
-FORMATS = ("auto", "float32", "bfloat16")  # as AIENG_WEIGHT_FORMATS
+FORMATS = WEIGHT_FORMATS
 
 
 def _attention_options(p) -> None:

@@ -18,7 +18,8 @@ engine runs its own forward over the same weights:
 - **Weight formats by step size**: bf16 reads half the bytes, fp32 is faster arithmetic on CPUs
   without bf16 units, and which wins at which batch size depends on the machine; the runner
   keeps both copies when the plan uses both, and each step picks by its token count
-  (``formats.FormatPlan``, measured at start-up).
+  (``formats.FormatPlan``, measured at start-up). From the plan's ``packed_from`` tokens the
+  matrices multiply from copies packed once in oneDNN's blocked layout (``packed_weights``).
 - **Regional compilation, one call per step.** Every decoder layer has the same shapes, so the
   layer is a nested compile region (``torch.compiler.nested_compile_region``): inductor builds
   its kernels once and the compiled stack calls them for every layer. Compile time does not grow
@@ -39,6 +40,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from aieng.engine import packed_weights
 from aieng.engine.compile_marks import mark_step_dynamic, own_copy
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
@@ -87,6 +89,7 @@ class Dims:
     head_dim: int
     eps: float
     decode_kernel: bool = False  # decode attention by aieng's CPU kernel (``kernels``), else SDPA
+    packed_from: int = 0  # from this many tokens matrices multiply from oneDNN-packed copies; 0: never
 
 
 @dataclass
@@ -121,8 +124,8 @@ def run_layers(xd: torch.Tensor | None, xp: torch.Tensor | None, rotary: tuple, 
     are such sums."""
     # No Python int for the row count: it is read off decode_pos inside, so it stays the symbolic
     # size that ``mark_step_dynamic`` made it (an int would be a constant guarded per batch size).
-    shared = (dims.heads, dims.kv_heads, dims.head_dim, dims.eps, dims.decode_kernel, plan.decode_first, plan.decode_pos,
-              plan.decode_mask, plan.prefill_slots, plan.prefill_pos, plan.prefill_write, plan.prefill_mask)
+    shared = (dims.heads, dims.kv_heads, dims.head_dim, dims.eps, dims.decode_kernel, dims.packed_from,
+              plan.decode_first, plan.decode_pos, plan.decode_mask, plan.prefill_slots, plan.prefill_pos, plan.prefill_write, plan.prefill_mask)
     for i, w in enumerate(layers):
         out = _layer_region(xd, xp, *rotary, w.qkv, w.qkv_bias, w.o, w.gate_up, w.down, w.norm_attn,
                             w.norm_mlp, keys[i], values[i], *shared)
@@ -131,11 +134,12 @@ def run_layers(xd: torch.Tensor | None, xp: torch.Tensor | None, rotary: tuple, 
 
 
 def _flat_decoder_layer(xd, xp, cos_d, sin_d, cos_p, sin_p, qkv, qkv_bias, o, gate_up, down, norm_attn, norm_mlp,
-                        keys, values, heads, kv_heads, head_dim, eps, decode_kernel, decode_first, decode_pos, *rest):
+                        keys, values, heads, kv_heads, head_dim, eps, decode_kernel, packed_from, decode_first,
+                        decode_pos, *rest):
     rows = 0 if decode_pos is None else decode_pos.shape[0]
     out = decoder_layer(xd, xp, (cos_d, sin_d, cos_p, sin_p),
                         LayerWeights(qkv, qkv_bias, o, gate_up, down, norm_attn, norm_mlp),
-                        Dims(heads, kv_heads, head_dim, eps, decode_kernel), keys, values,
+                        Dims(heads, kv_heads, head_dim, eps, decode_kernel, packed_from), keys, values,
                         AttentionPlan(rows, decode_first, decode_pos, *rest))
     return tuple(t for t in out if t is not None)  # tensors only: a None output makes the region unreusable
 
@@ -150,12 +154,16 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * (x.float() * torch.rsqrt(variance + eps)).to(x.dtype)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, packed_from: int = 0) -> torch.Tensor:
     """``x @ weight.T`` in the weight's dtype, result in ``x``'s (fp32 activations throughout).
 
-    One row inside a compiled graph goes through ``streamed_matvec`` instead of the BLAS kernel."""
+    One row inside a compiled graph goes through ``streamed_matvec`` instead of the BLAS kernel;
+    with ``packed_from``, the weights go through ``packed_weights.packed_linear``, which uses
+    their oneDNN-packed copy from that many rows (it decides per call, so the graph is one)."""
     if x.shape[0] == 1 and torch.compiler.is_compiling():
         out = streamed_matvec(x, weight)
+    elif packed_from:
+        out = torch.ops.aieng.packed_linear(x.to(weight.dtype), weight, packed_from).to(x.dtype)
     else:
         out = F.linear(x.to(weight.dtype), weight).to(x.dtype)
     return out if bias is None else out + bias
@@ -197,7 +205,7 @@ def decoder_layer(xd: torch.Tensor | None, xp: torch.Tensor | None, rotary: tupl
     x = flat[0] if len(flat) == 1 else torch.cat(flat)
     n_tokens = x.shape[0]
     h = rms_norm(x, w.norm_attn, dims.eps)
-    qkv = linear(h, w.qkv, w.qkv_bias)
+    qkv = linear(h, w.qkv, w.qkv_bias, dims.packed_from)
     q_size, kv_size = dims.heads * dims.head_dim, dims.kv_heads * dims.head_dim
     q = qkv[:, :q_size].view(n_tokens, dims.heads, dims.head_dim)
     k = qkv[:, q_size:q_size + kv_size].view(n_tokens, dims.kv_heads, dims.head_dim)
@@ -240,10 +248,10 @@ def decoder_layer(xd: torch.Tensor | None, xp: torch.Tensor | None, rotary: tupl
         out = out.view(n, dims.kv_heads, groups, chunk, dims.head_dim).permute(0, 3, 1, 2, 4)
         parts.append(out.reshape(n * chunk, q_size))
     attn = parts[0] if len(parts) == 1 else torch.cat(parts)
-    x = x + linear(attn, w.o)
+    x = x + linear(attn, w.o, None, dims.packed_from)
     h = rms_norm(x, w.norm_mlp, dims.eps)
-    gate, up = linear(h, w.gate_up).chunk(2, dim=-1)
-    mlp = linear(F.silu(gate) * up, w.down)
+    gate, up = linear(h, w.gate_up, None, dims.packed_from).chunk(2, dim=-1)
+    mlp = linear(F.silu(gate) * up, w.down, None, dims.packed_from)
     # Two sums, not one split afterwards: the region's outputs must not alias each other.
     return (x[:b] + mlp[:b] if b else None), ((x[b:] + mlp[b:]).view(xp.shape) if xp is not None else None)
 
@@ -256,12 +264,14 @@ _layer_region = torch.compiler.nested_compile_region(_flat_decoder_layer, max_re
 class NativeLlama:
     """The weights of a transformers Llama-family model, arranged for ``decoder_layer``."""
 
-    def __init__(self, model, *, bf16_copy: bool, compile_layers: bool, decode_kernel: bool = False):
+    def __init__(self, model, *, bf16_copy: bool, compile_layers: bool, decode_kernel: bool = False,
+                 packed_from: int = 0, packed_formats: frozenset[bool] = frozenset()):
+        """``packed_from``: multiply from oneDNN-packed copies of the layers' matrices in steps of
+        at least that many tokens (``FormatPlan.packed_from``; 0: never); ``packed_formats``: the
+        formats (bf16 or not) such steps run in, the only ones packed."""
         config, inner = model.config, model.model
         self.model = model
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        self.dims = Dims(config.num_attention_heads, config.num_key_value_heads, head_dim, config.rms_norm_eps,
-                         decode_kernel)
         self.embed = inner.embed_tokens
         self.rotary = inner.rotary_emb
         self._rotary_table: tuple[torch.Tensor, torch.Tensor] | None = None  # build_rotary_table
@@ -269,7 +279,13 @@ class NativeLlama:
         self.final_eps = getattr(inner.norm, "variance_epsilon", config.rms_norm_eps)
         self.lm_head = model.lm_head.weight
         self.layers = [_layer_weights(layer) for layer in inner.layers]
+        self.dims = Dims(config.num_attention_heads, config.num_key_value_heads, head_dim, config.rms_norm_eps,
+                         decode_kernel, packed_from)
         self.layers_bf16 = [w.to(torch.bfloat16) for w in self.layers] if bf16_copy else None
+        for bf16 in packed_formats if packed_from else ():
+            for w in self.weights(bf16):
+                for matrix in w.matrices:
+                    packed_weights.pack(matrix)
         self.dtype = self.lm_head.dtype
         # Static by default (weights, hidden size); the step's row count and attention span, and the
         # cache's slot count and capacity, are marked dynamic (``mark_step_dynamic``,

@@ -71,7 +71,9 @@ class NativeRunner:
         decode_kernel = (decode_attention == "auto" and self.device.type == "cpu"
                          and kernels.supports(config_head_dim(model.config))
                          and kernels.load() is None)
-        self.net = NativeLlama(model, bf16_copy=bf16_copy, compile_layers=compile_layers, decode_kernel=decode_kernel)
+        packed_from = formats.packed_from if self.device.type == "cpu" else 0
+        self.net = NativeLlama(model, bf16_copy=bf16_copy, compile_layers=compile_layers, decode_kernel=decode_kernel,
+                               packed_from=packed_from, packed_formats=frozenset(formats.formats_from(packed_from)))
         self.net.build_rotary_table(context_length + 1)  # + the scratch column
         dims = self.net.dims
         shape = SlotShape(self.net.num_layers, dims.kv_heads, dims.head_dim,
@@ -371,7 +373,7 @@ class NativeRunner:
         def run(bf16: bool):
             return lambda: [self._scratch_step(scratch, GraphShape(1, 0, bf16), 6) for _ in range(steps)]
 
-        fp32_s, bf16_s = (s / steps for s in interleaved_medians(run(False), run(True), rounds))
+        fp32_s, bf16_s = (s / steps for s in interleaved_medians(run(False), run(True), rounds=rounds))
         choice = bf16_wins(fp32_s, bf16_s)
         log.info("compiled one-row step: %s weights (%.2f ms fp32, %.2f ms bf16)", "bf16" if choice else "fp32",
                  fp32_s * 1e3, bf16_s * 1e3,

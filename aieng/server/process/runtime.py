@@ -39,7 +39,7 @@ from aieng.server.process.serving import Serving
 from aieng.server.process.compile_cache import compile_cache_counts, compile_cache_delta
 from aieng.server.process.startup import FAILED, PhasedStore, StartupProgress
 from aieng.server.process.step_watchdog import StepWatchdog
-from aieng.settings import Settings
+from aieng.settings import WEIGHT_FORMATS, Settings
 from aieng.store import parse_ref
 
 log = logging.getLogger("aieng.server")
@@ -56,7 +56,7 @@ class RuntimeConfig:
     @classmethod
     def from_settings(cls, settings: Settings) -> "RuntimeConfig":
         """The one place where ``Settings`` (environment and flags) become component configs."""
-        for name, value, allowed in (("AIENG_WEIGHT_FORMATS", settings.weight_formats, ("auto", "float32", "bfloat16")),
+        for name, value, allowed in (("AIENG_WEIGHT_FORMATS", settings.weight_formats, WEIGHT_FORMATS),
                                      ("AIENG_DECODE_ATTENTION", settings.decode_attention, ("auto", "sdpa")),
                                      ("AIENG_KV_CACHE_DTYPE", settings.kv_cache_dtype, ("auto", "model", "bfloat16"))):
             if value not in allowed:

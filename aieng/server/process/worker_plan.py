@@ -108,7 +108,7 @@ class MemoryNeeds:
 
     weight_bytes: int  # loaded once in the master and shared by every worker (preload)
     kv_bytes: int  # one worker's KV cache: max_batch_size rows at the full context length
-    per_worker_bytes: int  # PER_WORKER_OVERHEAD + kv_bytes
+    per_worker_bytes: int  # PER_WORKER_OVERHEAD + kv_bytes (+ a packed weight copy, when one may be made)
 
 
 def memory_needs(settings, loaded) -> MemoryNeeds:
@@ -123,9 +123,14 @@ def memory_needs(settings, loaded) -> MemoryNeeds:
     weight_bytes = params * loaded.dtype.itemsize
     import torch
 
+    packed_bytes = 0
+    if settings.weight_formats == "auto" and loaded.dtype == torch.float32 and loaded.device.type == "cpu":
+        # Each worker may pack its own copies for the large steps (engine/packed_weights.py): of the
+        # fp32 and the bf16 matrices, at most
+        packed_bytes = params * 6
     if settings.weight_formats != "float32" and loaded.dtype == torch.float32 and loaded.device.type == "cpu":
         weight_bytes += params * 2  # the bf16 copy small steps run in (engine/formats.py), at most
-    return MemoryNeeds(weight_bytes, kv_bytes, PER_WORKER_OVERHEAD + kv_bytes)
+    return MemoryNeeds(weight_bytes, kv_bytes, PER_WORKER_OVERHEAD + kv_bytes + packed_bytes)
 
 
 def plan_for_model(settings, loaded) -> WorkerPlan:

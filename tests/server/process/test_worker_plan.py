@@ -67,3 +67,23 @@ def test_explicit_count_and_bad_count():
                         requested=2).torch_threads == 4
     with pytest.raises(ValueError):
         plan_workers(cores=8, available_bytes=GiB, weight_bytes=1, per_worker_bytes=1, requested=0)
+
+
+@pytest.mark.parametrize("formats, copies", [("float32", (0, 0)), ("bfloat16", (2, 0)), ("auto", (2, 6))])
+def test_memory_needs_count_the_weight_copies_the_formats_may_make(formats, copies):
+    """A bf16 copy (made once, before the workers fork) and, with ``auto``, the packed copies of
+    the fp32 and bf16 matrices each worker may make for itself (engine/packed_weights.py)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from aieng.server.process.worker_plan import PER_WORKER_OVERHEAD, memory_needs
+    from aieng.settings import Settings
+
+    params = 1_000_000
+    config = SimpleNamespace(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, hidden_size=64)
+    loaded = SimpleNamespace(manifest=SimpleNamespace(num_parameters=params), model=SimpleNamespace(config=config),
+                             context_length=128, dtype=torch.float32, device=torch.device("cpu"))
+    needs = memory_needs(Settings(weight_formats=formats, max_batch_size=4), loaded)
+    assert needs.weight_bytes == params * (4 + copies[0])
+    assert needs.per_worker_bytes == PER_WORKER_OVERHEAD + needs.kv_bytes + params * copies[1]
