@@ -30,6 +30,7 @@ import torch
 from aieng.engine.choices import ChoiceGroups
 from aieng.engine.constraints import ConstraintCompiler
 from aieng.engine.hf_model import pad_token_id, prepare_model, refuse_sliding_window
+from aieng.engine.onednn_caches import bound_onednn_caches
 from aieng.engine.oom import out_of_memory_event
 from aieng.engine.prefill_budget import PrefillBudget
 from aieng.engine.params import GenerationResult, SamplingParams, validate_request
@@ -66,6 +67,7 @@ class Engine:
         """``replacing``: the engine this one takes over from in a hot swap; with weights of the
         same layout it takes that engine's format plan and compiled graphs, and with
         ``kv_from_replaced`` its KV memory (``succession`` says how and why)."""
+        bound_onednn_caches()  # before this process's first oneDNN multiply (onednn_caches.py)
         refuse_sliding_window(model.config)
         self.config = config
         self.tokenizer = tokenizer

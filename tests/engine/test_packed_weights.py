@@ -90,6 +90,14 @@ def test_the_plan_packs_from_where_packed_wins_at_every_larger_count():
     assert plan_from_timings({8: (10, 30, 9.6, 29)}).packed_from == 0
 
 
+def test_a_second_format_must_save_half_a_millisecond_a_step():
+    # the demo model's scale: bf16 and packed 2x faster, but 0.2 ms a step is not worth a format
+    tiny = {1: (400e-6, 200e-6, 300e-6, 200e-6), 32: (800e-6, 600e-6, 700e-6, 450e-6)}
+    assert plan_from_timings(tiny) == FormatPlan(((1, False), (32, False)), measured=True, packed_from=0)
+    large = {n: tuple(t * 10 for t in times) for n, times in tiny.items()}  # 1.5-3.5 ms saved: taken
+    assert plan_from_timings(large) == FormatPlan(((1, True), (32, True)), measured=True, packed_from=32)
+
+
 def test_a_fixed_packed_format_needs_a_cpu_that_packs_it(demo, monkeypatch):
     model, _ = demo
     assert format_plan("float32-packed", model) == FormatPlan(packed_from=1)

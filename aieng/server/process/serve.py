@@ -16,6 +16,7 @@ from dataclasses import replace
 
 from gunicorn.app.base import BaseApplication
 
+from aieng.engine.onednn_caches import bound_onednn_caches
 from aieng.gpus import default_alloc_conf, fork_safe_cuda_checks
 from aieng.observability.logs import log_event
 from aieng.server.process import gpu_worker
@@ -49,6 +50,8 @@ class GunicornApplication(BaseApplication):
 def serve(settings: Settings, progress: StartupProgress | None = None) -> None:
     """``progress``: the CLI's, already running since before the heavy imports."""
     fork_safe_cuda_checks()  # before anything asks torch about CUDA in this (the master) process
+    # before the master's or a worker's first oneDNN multiply; the workers inherit the environment
+    log_event(log, "onednn_caches", **bound_onednn_caches())
     if settings.compile:  # before anything compiles; workers and compile subprocesses inherit it
         log_event(log, "compile_cache", **use_compile_cache(settings.compile_cache_dir))
     default_alloc_conf()  # expandable segments, unless set: before any process initialises CUDA
