@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 
 from aieng import container_limits
-from aieng.engine import packed_weights
+from aieng.engine import format_plan_cache, packed_weights
 from aieng.settings import WEIGHT_FORMATS
 
 log = logging.getLogger("aieng.engine")
@@ -115,7 +115,9 @@ def format_plan(choice: str, model) -> FormatPlan:
     return replace(FormatPlan.fixed(bf16) if bf16 else FormatPlan(), packed_from=1 if packed else 0)
 
 
-def measure_format_plan(model, *, repeats: int = 5) -> FormatPlan:
+def measure_format_plan(model, *, repeats: int = 5, cached: bool = True) -> FormatPlan:
+    """``cached``: take the plan an earlier start measured under the same conditions, and keep
+    this one for the next (``format_plan_cache``)."""
     weight = next(model.parameters())
     if weight.device.type != "cpu" or weight.dtype != torch.float32:
         return FormatPlan()  # on a GPU, or already in a reduced precision: one format
@@ -134,6 +136,16 @@ def measure_format_plan(model, *, repeats: int = 5) -> FormatPlan:
     per_layer = [_layer_matrices(layer) for layer in model.model.layers]
     layer_bytes = sum(m.numel() * m.element_size() for m in per_layer[0])
     streamed_layers = max(1, min(len(per_layer), STREAMED_BYTES // layer_bytes))
+    path = format_plan_cache.plan_path([tuple(m.shape) for m in per_layer[0]], len(per_layer), packed=try_packed,
+                                       rules={"tokens": TOKEN_COUNTS, "min_saving_s": MIN_SAVING_S,
+                                              "streamed_bytes": STREAMED_BYTES, "repeats": repeats})
+    kept = format_plan_cache.load(path) if cached else None
+    if kept is not None:
+        result = FormatPlan(kept["bf16_from"], measured=True, packed_from=kept["packed_from"])
+        log.info("weight formats: %s (measured at %s on this CPU and thread count, kept in %s: delete it to "
+                 "measure again)", result.describe(), kept["measured_at"], path,
+                 extra={"event": "engine_weight_formats", "plan": result.describe(), "cached": True})
+        return result
     fp32 = [m for matrices in per_layer[:streamed_layers] for m in matrices]
     timings = {}
     with torch.inference_mode():
@@ -153,6 +165,8 @@ def measure_format_plan(model, *, repeats: int = 5) -> FormatPlan:
              result.describe(), "/packed fp32/packed bf16" if packed else "", streamed_layers, len(per_layer),
              {tokens: tuple(round(s * 1e6) for s in times) for tokens, times in timings.items()},
              extra={"event": "engine_weight_formats", "plan": result.describe()})
+    if cached:
+        format_plan_cache.store(path, result.bf16_from, result.packed_from, timings)
     return result
 
 
