@@ -16,26 +16,17 @@ import hashlib
 import json
 import logging
 import os
-import platform
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
+from aieng.hardware import cpu_model
+
 log = logging.getLogger("aieng.engine")
 
 VERSION = 1  # bump when the plan's meaning or the way it is measured changes
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def plan_path(shapes: list[tuple[int, ...]], layers: int, *, packed: bool, rules: dict) -> Path:
@@ -43,7 +34,7 @@ def plan_path(shapes: list[tuple[int, ...]], layers: int, *, packed: bool, rules
     matrices of ``shapes``; ``rules``: the measurement's own constants (token counts, margins)."""
     from torch._inductor.runtime.cache_dir_utils import cache_dir
 
-    facts = {"version": VERSION, "torch": torch.__version__, "cpu": cpu_name(),
+    facts = {"version": VERSION, "torch": torch.__version__, "cpu": cpu_model(),
              "capability": torch.backends.cpu.get_cpu_capability(), "threads": torch.get_num_threads(),
              "layers": layers, "shapes": [list(s) for s in shapes], "packed": packed, "rules": rules}
     key = hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:16]

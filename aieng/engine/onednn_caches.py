@@ -18,7 +18,8 @@ stream 74.1 / 71.2 / 75.7 / 77.4. A micro-benchmark that draws a new row count f
 every step shows the worst case: 120 matrices a step, packed bf16, 2 threads, 23.5-25.1 ms with
 the defaults, 29.2-29.8 ms at 32, 22.5-27.6 ms at 64. The demo model shows the other side: at 64
 the load-test runbook's memory check still failed 3 times in 3 (+9.4% to +10.5% over 50
-requests: the caches filled after the warm-up); at 32 and at 8 it passed. So ``CAPACITY`` is 32:
+requests: the caches filled after the warm-up); at 32 it failed 1 time in 4 (+5.8%), at 16
+it passed 6 in 6. With the demo's formats at fp32 (``formats.MIN_SAVING_S``) it passes at 32. So ``CAPACITY`` is 32:
 six to eight row counts of a model's four or five weight shapes.
 
 Both variables are read when the process makes its first oneDNN call, so this must run before
