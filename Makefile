@@ -21,32 +21,35 @@ help:
 	@echo "make test    set up, then run unit, integration, notebook (nbval) and runbook (papermill) tests"
 	@echo "make lab     JupyterLab on notebooks/"
 	@echo "make audit   known vulnerabilities in the locks (security/audit-allowlist.toml for accepted ones)"
-	@echo "make lock    regenerate requirements.lock, requirements-dev.lock (hashed) and environment.yml"
+	@echo "make lock    regenerate the hashed locks in locks/ and environment.yml"
 
-# requirements.lock: what the server runs on; requirements-dev.lock: that plus the workbook, the
-# test suite and the benchmark peers. Both pin every package with its sha256 and are installed
-# with --require-hashes, so a wheel that differs from the one locked is refused. `make serve`
-# installs the server's lock only; `make test` and `make lab` add the development one.
-$(STAMP): requirements.lock pyproject.toml
+# Every file is pinned with its sha256 in locks/ and installed with --require-hashes (aieng/locks/
+# says what each lock holds). torch comes from its own lock: TORCH=auto takes the CPU build from
+# PyTorch's CPU index on a CPU host (the registry's build, with its CUDA libraries, where that index
+# is out of reach) and the registry's CUDA build where nvidia-smi lists a GPU; TORCH=cpu or
+# TORCH=registry chooses. `make serve` installs the server's lock; `make test` and `make lab` add
+# the development one.
+TORCH ?= auto
+LOCKS := locks/pip.lock locks/server.lock locks/torch-cpu.lock locks/torch-registry.lock
+$(STAMP): $(LOCKS) pyproject.toml scripts/install-deps.sh
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet --require-hashes -r requirements.lock
+	scripts/install-deps.sh $(TORCH) $(VENV) locks/server.lock
 	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e .
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (aieng)" >/dev/null
 	touch $(STAMP)
 
-$(DEV_STAMP): $(STAMP) requirements-dev.lock
-	$(BIN)/python -m pip install --quiet --require-hashes -r requirements-dev.lock
+$(DEV_STAMP): $(STAMP) locks/dev.lock
+	$(BIN)/python -m pip install --quiet --require-hashes -r locks/dev.lock
 	touch $(DEV_STAMP)
 
 install: $(STAMP)
 
 install-dev: $(DEV_STAMP)
 
-# Known vulnerabilities in either lock, against the registry (aieng/lock_audit.py says how);
+# Known vulnerabilities in every lock, against the registry (aieng/locks/audit.py says how);
 # a finding fails unless security/audit-allowlist.toml allows it with a reason.
 audit: $(STAMP)
-	$(BIN)/python -m aieng.lock_audit requirements.lock requirements-dev.lock --allow security/audit-allowlist.toml
+	$(BIN)/python -m aieng.locks.audit $(LOCKS) locks/dev.lock --allow security/audit-allowlist.toml
 
 # Build + register + evaluate + promote the demo model unless the store already has a current one.
 demo: $(STAMP)
@@ -64,14 +67,25 @@ lab: $(DEV_STAMP) demo
 	$(BIN)/jupyter lab notebooks/
 
 LOCK_FLAGS := --quiet --generate-hashes --allow-unsafe --strip-extras --no-emit-index-url --no-emit-find-links
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
+REGISTRY ?= https://pypi.org/simple
+# PyTorch's CPU index only where it answers: pip retries an unreachable index for every package.
+TORCH_CPU_FLAG = $(shell $(BIN)/python -c "import urllib.request as r; r.urlopen('$(TORCH_CPU_INDEX)/', timeout=10)" \
+  2>/dev/null && echo --extra-index-url $(TORCH_CPU_INDEX))
+# Only the registry for the registry's torch: no local wheel folder, no pip configuration.
+REGISTRY_ONLY := env -u PIP_FIND_LINKS -u PIP_EXTRA_INDEX_URL -u PIP_INDEX_URL PIP_CONFIG_FILE=/dev/null
 
+# The main locks resolve torch's CPU build (its requirements are those every build shares), then
+# aieng.locks.generate moves torch into its two locks; pip-compile downloads the registry's torch
+# and CUDA wheels once to read their requirements (several GB, into pip's cache).
 lock: $(DEV_STAMP)
-	$(BIN)/pip-compile $(LOCK_FLAGS) -o requirements.lock pyproject.toml
-	$(BIN)/pip-compile $(LOCK_FLAGS) --extra dev -o requirements-dev.lock pyproject.toml
-	# the CPU wheel on disk reports 2.13.0+cpu; pin the public version (its hash stays the CPU
-	# wheel's: on a GPU host, run `make lock` there to lock that host's torch wheel)
-	sed -i 's/^torch==\(.*\)+cpu/torch==\1/' requirements.lock requirements-dev.lock
-	$(BIN)/python -m aieng.lockfile requirements-dev.lock environment.yml
+	$(BIN)/pip-compile $(LOCK_FLAGS) $(TORCH_CPU_FLAG) -o locks/server.lock pyproject.toml
+	$(BIN)/pip-compile $(LOCK_FLAGS) $(TORCH_CPU_FLAG) --extra dev -o locks/dev.lock pyproject.toml
+	$(BIN)/python -m aieng.locks.generate split
+	cd locks && $(REGISTRY_ONLY) ../$(BIN)/pip-compile $(LOCK_FLAGS) --index-url $(REGISTRY) \
+	  -o torch-registry.lock torch-registry.in
+	$(BIN)/python -m aieng.locks.generate registry
+	$(BIN)/python -m aieng.locks.generate environment
 
 clean:
 	rm -rf $(VENV) var/build .pytest_cache

@@ -129,11 +129,11 @@ def test_peer_pins_match_the_packaging():
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     assert project["optional-dependencies"]["peers"] == [peers.LLAMA_CPP_PYTHON]
     gguf_pin = [d for d in project["dependencies"] if d.startswith("gguf")]
-    from aieng.lockfile import read_lock
+    from aieng.locks.lockfile import read_lock
 
-    lock = read_lock(REPO / "requirements.lock")
+    lock = read_lock(REPO / "locks" / "server.lock")
     assert gguf_pin and f"gguf=={lock['gguf']}" == gguf_pin[0]
-    assert "llama-cpp-python" not in lock and "llama-cpp-python" not in read_lock(REPO / "requirements-dev.lock")
+    assert "llama-cpp-python" not in lock and "llama-cpp-python" not in read_lock(REPO / "locks" / "dev.lock")
 
 
 def test_connection_per_request_swaps_the_load_clients_connector_only_inside():

@@ -84,20 +84,20 @@ def test_every_copied_file_exists_and_the_dockerignore_lets_it_into_the_context(
     assert not in_context(".venv") and not in_context("var/store") and not in_context(".git")
 
 
-def test_install_deps_installs_the_hashed_lock_for_cpu_and_torch_from_the_cuda_index_for_gpu(tmp_path):
-    script = CONTAINER / "install-deps.sh"
-    lock = ROOT / "requirements.lock"
-    cpu = subprocess.run([script, "cpu", lock, "/venv", "--dry-run"], capture_output=True, text=True, check=True)
-    assert "--require-hashes" in cpu.stdout and "whl/cpu" in cpu.stdout and f"-r {lock}" in cpu.stdout
-    gpu = subprocess.run([script, "gpu", lock, "/venv", "--dry-run"], capture_output=True, text=True, check=True)
-    first, second = gpu.stdout.splitlines()
-    assert "whl/cu" in first and first.endswith("torch==2.13.0")
-    rest = second.split("-r ")[1]
-    rest_text, lock_text = open(rest).read(), lock.read_text()
-    assert "torch==" not in rest_text and "6746dbcb" not in rest_text  # no torch line, no CPU wheel hash
-    assert rest_text.count("--hash=") == lock_text.count("--hash=") - 1
-    bad = subprocess.run([script, "tpu", lock, "/venv"], capture_output=True, text=True)
-    assert bad.returncode == 2 and "cpu or gpu" in bad.stderr
+def test_the_image_installs_torch_by_variant_every_file_hash_checked():
+    script = ROOT / "scripts" / "install-deps.sh"
+    lock = "locks/server.lock"
+    cpu = subprocess.run([script, "--dry-run", "cpu", "/venv", lock], capture_output=True, text=True, check=True)
+    pips = [line for line in cpu.stdout.splitlines() if " -m pip install " in line]
+    assert all("--require-hashes" in line for line in pips) and len(pips) == 3
+    assert "--no-deps --index-url https://download.pytorch.org/whl/cpu" in pips[1] and "torch-cpu.lock" in pips[1]
+    assert pips[2].endswith(f"-r {lock}")
+    gpu = subprocess.run([script, "--dry-run", "gpu", "/venv", lock], capture_output=True, text=True, check=True)
+    assert "--no-deps -r" in gpu.stdout and "torch-registry.lock" in gpu.stdout and "whl/cpu" not in gpu.stdout
+    build = next(args for op, args in instructions(DOCKERFILE.read_text()) if op == "RUN" and "install-deps.sh" in args)
+    assert 'install-deps.sh "${VARIANT}" /opt/aieng/venv locks/server.lock' in build
+    bad = subprocess.run([script, "tpu", "/venv"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "cpu, registry, gpu or auto" in bad.stderr
 
 
 def test_the_entrypoint_init_is_idempotent_and_refuses_a_model_the_store_lacks(demo_store, tmp_path):

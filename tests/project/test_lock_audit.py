@@ -1,12 +1,8 @@
 """The lock audit against a registry on loopback that serves per-project JSON, as the real one does."""
 
-import http.server
-import json
-import threading
-
 import pytest
 
-from aieng import lock_audit
+from aieng.locks import audit as lock_audit
 
 PROJECTS = {
     "safe": {"info": {"version": "1.0"}, "vulnerabilities": []},
@@ -19,23 +15,8 @@ PROJECTS = {
 
 
 @pytest.fixture
-def registry():
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            name = self.path.strip("/").split("/")[-2]
-            body = json.dumps(PROJECTS[name]).encode() if name in PROJECTS else b"{}"
-            self.send_response(200 if name in PROJECTS else 404)
-            self.send_header("content-length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_port}/pypi"
-    server.shutdown()
+def registry(json_site):
+    return json_site({f"pypi/{name}/json": page for name, page in PROJECTS.items()}) + "/pypi"
 
 
 def _lock(tmp_path, pins: dict[str, str]):

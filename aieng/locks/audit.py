@@ -25,7 +25,7 @@ from pathlib import Path
 
 import httpx
 
-from aieng.lockfile import read_lock
+from aieng.locks.lockfile import read_lock
 
 REGISTRY = "https://pypi.org/pypi"
 
@@ -83,8 +83,8 @@ def load_allowlist(path: Path) -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m aieng.lock_audit", description=__doc__.splitlines()[0])
-    parser.add_argument("lock", nargs="+", type=Path, help="lock files (requirements*.lock)")
+    parser = argparse.ArgumentParser(prog="python -m aieng.locks.audit", description=__doc__.splitlines()[0])
+    parser.add_argument("lock", nargs="+", type=Path, help="lock files (locks/*.lock)")
     parser.add_argument("--allow", type=Path, default=Path("security/audit-allowlist.toml"),
                         help="allow-list: [[allow]] id = ADVISORY or NAME==VERSION, why = ...")
     parser.add_argument("--registry", default=REGISTRY, help="the registry's JSON API root")
