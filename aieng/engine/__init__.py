@@ -10,6 +10,7 @@
 - ``params``: sampling parameters and the one request validation
 - ``chat``: rendering messages through the model's chat template
 - ``reference``, ``parity``: transformers' ``generate`` as the reference the engine must match
+- ``serving_path``, ``serving_table``: which forward serves a configuration exactly, or why it is refused
 """
 
 from aieng.engine.engine import Engine, EngineConfig

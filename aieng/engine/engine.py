@@ -10,12 +10,12 @@ Contract with whoever drives it (the scheduler's engine thread, or ``generate``/
 - ``prefill``, ``decode`` and ``remove`` are the parts, public for tools that time them separately
   (``aieng.bench.step_profile``, notebook 04).
 
-The tensors live in a runner (``runner``): the native Llama-family forward over a static slot
-cache (``native_runner``), or the transformers forward over a dynamic cache for other models
-(``hf_runner``). Requests arrive validated (``params.validate_request``). A finished row (EOS,
-stop string, ``max_tokens``, context limit) leaves in the step that reports it. One thread owns
-the engine. It owns no scheduling policy: which requests join is the scheduler's business, and
-``max_rows`` says how many it may hold.
+The tensors live in a runner: the native Llama-family forward over a static slot cache, or the
+transformers forward over a dynamic cache, as ``serving_path`` decides (it refuses the rest).
+Requests arrive validated (``params.validate_request``). A finished row (EOS, stop string,
+``max_tokens``, context limit) leaves in the step that reports it. One thread owns the engine. It
+owns no scheduling policy: which requests join is the scheduler's business, and ``max_rows`` says
+how many it may hold.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import torch
 
 from aieng.engine.choices import ChoiceGroups
 from aieng.engine.constraints import ConstraintCompiler
-from aieng.engine.hf_model import pad_token_id, prepare_model, refuse_sliding_window
+from aieng.engine.hf_model import pad_token_id, prepare_model
 from aieng.engine.onednn_caches import bound_onednn_caches
 from aieng.engine.oom import out_of_memory_event
 from aieng.engine.prefill_budget import PrefillBudget
@@ -68,7 +68,6 @@ class Engine:
         same layout it takes that engine's format plan and compiled graphs, and with
         ``kv_from_replaced`` its KV memory (``succession`` says how and why)."""
         bound_onednn_caches()  # before this process's first oneDNN multiply (onednn_caches.py)
-        refuse_sliding_window(model.config)
         self.config = config
         self.tokenizer = tokenizer
         self.model = prepare_model(model, quantize_int8=config.quantize_int8)

@@ -1,4 +1,4 @@
-"""What the engine needs from a transformers causal LM, and what it refuses.
+"""What the engine needs from a transformers causal LM (what it refuses is ``serving_path``'s call).
 
 transformers-specific details the engine depends on live here, so a newcomer reading the engine
 sees prefill and decode, not version shims.
@@ -10,8 +10,6 @@ import inspect
 
 import torch
 
-from aieng.errors import AiengError
-
 
 def prepare_model(model: torch.nn.Module, *, quantize_int8: bool) -> torch.nn.Module:
     """Inference mode for the module (dropout off), optionally int8 dynamic quantization (CPU)."""
@@ -21,15 +19,6 @@ def prepare_model(model: torch.nn.Module, *, quantize_int8: bool) -> torch.nn.Mo
 
         model = quantize(model)
     return model
-
-
-def refuse_sliding_window(config) -> None:
-    """The right-aligned batch cache assumes full attention in every layer."""
-    layer_types = getattr(config, "layer_types", None) or []
-    if any(t != "full_attention" for t in layer_types):
-        raise AiengError("this model uses sliding-window or non-standard attention layers, which the aieng engine "
-                         "does not batch yet; serve a full-attention model (Llama, Qwen2 without sliding window)",
-                         code="unsupported_model")
 
 
 def cache_kwarg(model) -> str:

@@ -1,5 +1,5 @@
-"""Runs the engine's steps on the transformers model's own forward: any causal LM that the native
-forward does not cover (``native_llama.native_support`` says why), over a dynamic cache.
+"""Runs the engine's steps on the transformers model's own forward, over a dynamic cache: the
+configurations ``serving_path`` sends here (the native forward would not be exact for them).
 
 Whole prompts only (no chunking: the model's forward takes one length per call), prefilled
 together, left-padded, then merged into the running batch (``kv_batch.KVBatch``) after this step's

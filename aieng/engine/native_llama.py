@@ -28,9 +28,11 @@ engine runs its own forward over the same weights:
   batch-1 step). Decode-only steps use it; steps with a prefill chunk, which are compute-bound,
   run eagerly.
 
-Supported: ``llama``, ``mistral`` and ``qwen2`` configurations with full attention (rotary and
-its scaling come from the model's own rotary module). Anything else is served by the
-transformers forward (``hf_runner``).
+What it serves is decided by ``serving_path`` (llama, mistral and qwen2 configurations it is exact
+for, checked against ``generate()`` row by row of ``serving_table``): every projection's bias as
+the modules carry it, grouped- and multi-query attention, any head_dim, tied embeddings, and the
+rotary cos/sin of the model's own rotary module. Anything else is served by the transformers
+forward (``hf_runner``) or refused.
 """
 
 from __future__ import annotations
@@ -43,43 +45,40 @@ import torch.nn.functional as F
 from aieng.engine import packed_weights
 from aieng.engine.compile_marks import mark_step_dynamic, own_copy
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
-
-
-def native_support(model) -> str | None:
-    """None when the native forward can serve ``model``; otherwise why not."""
-    config = model.config
-    if getattr(config, "model_type", None) not in SUPPORTED_MODEL_TYPES:
-        return f"model type {getattr(config, 'model_type', None)!r} is not one of {SUPPORTED_MODEL_TYPES}"
-    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
-        return "sliding-window attention"
-    if getattr(config, "hidden_act", "silu") != "silu":
-        return f"activation {config.hidden_act!r}"
-    if getattr(config, "mlp_bias", False):
-        return "MLP bias"
-    return None
-
-
 @dataclass
 class LayerWeights:
-    """One decoder layer, projections fused: qkv [(H + 2·KV)·d, D] and gate|up [2·I, D]."""
+    """One decoder layer, projections fused: qkv [(H + 2·KV)·d, D] and gate|up [2·I, D]. Each
+    projection's bias is None where its module has none (Llama's ``attention_bias`` biases all four
+    attention projections, o included; ``mlp_bias`` all three MLP ones; Qwen2 biases q, k, v only)."""
 
     qkv: torch.Tensor
     qkv_bias: torch.Tensor | None
     o: torch.Tensor
+    o_bias: torch.Tensor | None
     gate_up: torch.Tensor
+    gate_up_bias: torch.Tensor | None
     down: torch.Tensor
+    down_bias: torch.Tensor | None
     norm_attn: torch.Tensor
     norm_mlp: torch.Tensor
 
     def to(self, dtype: torch.dtype) -> "LayerWeights":
         """A copy with the matrices in ``dtype`` (norms and biases stay as they are)."""
-        return LayerWeights(self.qkv.to(dtype), self.qkv_bias, self.o.to(dtype), self.gate_up.to(dtype),
-                            self.down.to(dtype), self.norm_attn, self.norm_mlp)
+        return LayerWeights(self.qkv.to(dtype), self.qkv_bias, self.o.to(dtype), self.o_bias, self.gate_up.to(dtype),
+                            self.gate_up_bias, self.down.to(dtype), self.down_bias, self.norm_attn, self.norm_mlp)
+
+    def tensors(self) -> tuple:
+        """Every field in order: the flat arguments of the compiled layer region."""
+        return (self.qkv, self.qkv_bias, self.o, self.o_bias, self.gate_up, self.gate_up_bias, self.down,
+                self.down_bias, self.norm_attn, self.norm_mlp)
 
     @property
     def matrices(self) -> tuple[torch.Tensor, ...]:
         return self.qkv, self.o, self.gate_up, self.down
+
+    @property
+    def biased(self) -> tuple[bool, ...]:
+        return tuple(b is not None for b in (self.qkv_bias, self.o_bias, self.gate_up_bias, self.down_bias))
 
 
 @dataclass(frozen=True)
@@ -127,18 +126,18 @@ def run_layers(xd: torch.Tensor | None, xp: torch.Tensor | None, rotary: tuple, 
     shared = (dims.heads, dims.kv_heads, dims.head_dim, dims.eps, dims.decode_kernel, dims.packed_from,
               plan.decode_first, plan.decode_pos, plan.decode_mask, plan.prefill_slots, plan.prefill_pos, plan.prefill_write, plan.prefill_mask)
     for i, w in enumerate(layers):
-        out = _layer_region(xd, xp, *rotary, w.qkv, w.qkv_bias, w.o, w.gate_up, w.down, w.norm_attn,
-                            w.norm_mlp, keys[i], values[i], *shared)
+        out = _layer_region(xd, xp, *rotary, *w.tensors(), keys[i], values[i], *shared)
         xd, xp = (out[0] if xd is not None else None), (out[-1] if xp is not None else None)
     return xd, xp
 
 
-def _flat_decoder_layer(xd, xp, cos_d, sin_d, cos_p, sin_p, qkv, qkv_bias, o, gate_up, down, norm_attn, norm_mlp,
-                        keys, values, heads, kv_heads, head_dim, eps, decode_kernel, packed_from, decode_first,
-                        decode_pos, *rest):
+def _flat_decoder_layer(xd, xp, cos_d, sin_d, cos_p, sin_p, qkv, qkv_bias, o, o_bias, gate_up, gate_up_bias, down,
+                        down_bias, norm_attn, norm_mlp, keys, values, heads, kv_heads, head_dim, eps, decode_kernel,
+                        packed_from, decode_first, decode_pos, *rest):
     rows = 0 if decode_pos is None else decode_pos.shape[0]
     out = decoder_layer(xd, xp, (cos_d, sin_d, cos_p, sin_p),
-                        LayerWeights(qkv, qkv_bias, o, gate_up, down, norm_attn, norm_mlp),
+                        LayerWeights(qkv, qkv_bias, o, o_bias, gate_up, gate_up_bias, down, down_bias, norm_attn,
+                                     norm_mlp),
                         Dims(heads, kv_heads, head_dim, eps, decode_kernel, packed_from), keys, values,
                         AttentionPlan(rows, decode_first, decode_pos, *rest))
     return tuple(t for t in out if t is not None)  # tensors only: a None output makes the region unreusable
@@ -248,10 +247,10 @@ def decoder_layer(xd: torch.Tensor | None, xp: torch.Tensor | None, rotary: tupl
         out = out.view(n, dims.kv_heads, groups, chunk, dims.head_dim).permute(0, 3, 1, 2, 4)
         parts.append(out.reshape(n * chunk, q_size))
     attn = parts[0] if len(parts) == 1 else torch.cat(parts)
-    x = x + linear(attn, w.o, None, dims.packed_from)
+    x = x + linear(attn, w.o, w.o_bias, dims.packed_from)
     h = rms_norm(x, w.norm_mlp, dims.eps)
-    gate, up = linear(h, w.gate_up, None, dims.packed_from).chunk(2, dim=-1)
-    mlp = linear(F.silu(gate) * up, w.down, None, dims.packed_from)
+    gate, up = linear(h, w.gate_up, w.gate_up_bias, dims.packed_from).chunk(2, dim=-1)
+    mlp = linear(F.silu(gate) * up, w.down, w.down_bias, dims.packed_from)
     # Two sums, not one split afterwards: the region's outputs must not alias each other.
     return (x[:b] + mlp[:b] if b else None), ((x[b:] + mlp[b:]).view(xp.shape) if xp is not None else None)
 
@@ -304,7 +303,7 @@ class NativeLlama:
         """Everything the compiled stack's guards check about the weights: two models with the same
         layout run the same graphs (weights are graph inputs, not constants)."""
         def of(layers):
-            return None if layers is None else tuple((t.shape, t.dtype) for t in layers[0].matrices)
+            return None if layers is None else (tuple((t.shape, t.dtype) for t in layers[0].matrices), layers[0].biased)
         return self.dims, self.num_layers, self.dtype, of(self.layers), of(self.layers_bf16)
 
     def share_graphs(self, other: "NativeLlama") -> bool:
@@ -383,9 +382,14 @@ def _fuse(modules, attribute: str) -> torch.Tensor | None:
 
 
 def _layer_weights(layer) -> LayerWeights:
+    """The layer's weights and every bias its modules carry (None where a module has none)."""
     attn, mlp = layer.self_attn, layer.mlp
-    projections = (attn.q_proj, attn.k_proj, attn.v_proj)
-    qkv, bias = _fuse(projections, "weight"), _fuse(projections, "bias")
-    gate_up = _fuse((mlp.gate_proj, mlp.up_proj), "weight")
-    return LayerWeights(qkv, bias, attn.o_proj.weight.detach(), gate_up, mlp.down_proj.weight.detach(),
-                        layer.input_layernorm.weight.detach(), layer.post_attention_layernorm.weight.detach())
+    qkv, gate_up = (attn.q_proj, attn.k_proj, attn.v_proj), (mlp.gate_proj, mlp.up_proj)
+    return LayerWeights(_fuse(qkv, "weight"), _fuse(qkv, "bias"), attn.o_proj.weight.detach(), _bias(attn.o_proj),
+                        _fuse(gate_up, "weight"), _fuse(gate_up, "bias"), mlp.down_proj.weight.detach(),
+                        _bias(mlp.down_proj), layer.input_layernorm.weight.detach(),
+                        layer.post_attention_layernorm.weight.detach())
+
+
+def _bias(module) -> torch.Tensor | None:
+    return None if module.bias is None else module.bias.detach()

@@ -1,8 +1,10 @@
-"""Which runner serves a model: the native Llama-family forward where it can, else transformers'.
+"""Which runner serves a model: the native Llama-family forward where it is exact, else transformers'.
 
-The native runner (static slot cache, chunked prefill, weight formats, a compiled decoder layer)
-serves the Llama family unless it is switched off or int8 quantization replaced the Linear layers
-it reads; every other causal LM gets ``HFRunner``. A hot swap's successor takes its format plan
+``serving_path`` decides from the config, and a configuration it refuses raises here. The
+native runner (static slot cache, chunked prefill, weight formats, a compiled decoder layer)
+serves the configurations it names ``native`` unless it is switched off or int8 quantization
+replaced the Linear layers it reads; the rest get ``HFRunner``, transformers' own forward, which
+is exact for every configuration either path serves. A hot swap's successor takes its format plan
 and compiled graphs from the engine it replaces (``succession.donor_runner``).
 """
 
@@ -11,7 +13,7 @@ from __future__ import annotations
 import logging
 
 from aieng.engine.hf_runner import HFRunner
-from aieng.engine.native_llama import native_support
+from aieng.engine.serving_path import check_servable
 from aieng.engine.succession import donor_runner
 
 log = logging.getLogger("aieng.engine")
@@ -19,7 +21,10 @@ log = logging.getLogger("aieng.engine")
 
 def make_runner(model, *, config, context_length: int, pad_id: int, replacing=None, kv_from_replaced: bool = False):
     """``config``: the engine's ``EngineConfig``; ``replacing``: the engine a hot swap replaces."""
-    why_not = native_support(model) if config.native else "native forward switched off"
+    path = check_servable(model.config, context_length=context_length)
+    why_not = None if path.kind == "native" else path.reason
+    if why_not is None and not config.native:
+        why_not = "native forward switched off"
     if why_not is None and config.quantize_int8:
         why_not = "int8 dynamic quantization replaces the Linear layers the native forward reads"
     if why_not is None:

@@ -35,6 +35,7 @@ class ModelFacts:
     context_length: int | None
     weight_files: tuple[str, ...]
     prompt_template: dict | None  # {"sha256": ..., "source": file} of the chat template, if any
+    serving: str  # the forward that serves it: native | transformers (serving_path)
 
 
 def read_config(folder: Path) -> dict:
@@ -72,6 +73,24 @@ def check_causal_lm(config: dict, folder: Path) -> str:
     if not causal:
         raise StoreError(f"{folder} declares architectures {archs}, none of which is a causal LM head")
     return causal[0]
+
+
+def check_servable(config: dict, folder: Path) -> str:
+    """How the engine will serve the model (``serving_path``'s kind), or raise saying why it never
+    will: decided from config.json alone, so a refused model is refused before anything is copied."""
+    from transformers import CONFIG_MAPPING
+
+    from aieng.engine.serving_path import serving_path
+
+    try:
+        parsed = CONFIG_MAPPING[config["model_type"]].from_dict(config)
+    except Exception as exc:  # transformers validates configs with its own error types
+        raise StoreError(f"{folder / 'config.json'} is not a valid {config['model_type']!r} config: {exc}") from exc
+    path = serving_path(parsed)
+    if path.refused:
+        raise StoreError(f"{folder} cannot be served exactly, so it is not registered: {path.reason}",
+                         code="unsupported_model")
+    return path.kind
 
 
 def find_pickle_files(folder: Path) -> list[str]:
@@ -119,7 +138,8 @@ def prompt_template(folder: Path) -> dict | None:
 
 
 def inspect_folder(folder: Path) -> ModelFacts:
-    """Everything register needs, refusing pickle weights and folders that are not causal LMs."""
+    """Everything register needs, refusing pickle weights, folders that are not causal LMs and
+    configurations no forward serves exactly."""
     if not folder.is_dir():
         raise StoreError(f"{folder} is not a directory")
     pickles = find_pickle_files(folder)
@@ -130,6 +150,7 @@ def inspect_folder(folder: Path) -> ModelFacts:
         )
     config = read_config(folder)
     architecture = check_causal_lm(config, folder)
+    serving = check_servable(config, folder)
     files, params, dtype = weight_facts(folder)
     return ModelFacts(
         architecture=architecture,
@@ -139,4 +160,5 @@ def inspect_folder(folder: Path) -> ModelFacts:
         context_length=context_length(config),
         weight_files=files,
         prompt_template=prompt_template(folder),
+        serving=serving,
     )

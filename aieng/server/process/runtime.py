@@ -127,10 +127,11 @@ class Runtime:
         """aieng's CPU decode-attention kernel, built (first start on a host: ~15 s) and loaded in the
         master, so the workers find it built instead of each compiling it at once."""
         from aieng.engine import kernels
-        from aieng.engine.native_llama import native_support
+        from aieng.engine.serving_path import serving_path
 
         engine = self.config.engine
-        if engine.native and engine.decode_attention == "auto" and native_support(self.loaded.model) is None:
+        native = serving_path(self.loaded.model.config, context_length=self.loaded.context_length).kind == "native"
+        if engine.native and engine.decode_attention == "auto" and native:
             self.progress.detail("aieng's CPU decode-attention kernel (built once per host, then loaded from the cache)")
             kernels.load()
 
