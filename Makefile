@@ -39,7 +39,7 @@ $(STAMP): $(LOCKS) pyproject.toml scripts/install-deps.sh
 	touch $(STAMP)
 
 $(DEV_STAMP): $(STAMP) locks/dev.lock
-	$(BIN)/python -m pip install --quiet --require-hashes -r locks/dev.lock
+	$(BIN)/python -m pip install --require-hashes -r locks/dev.lock
 	touch $(DEV_STAMP)
 
 install: $(STAMP)

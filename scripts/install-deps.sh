@@ -79,6 +79,6 @@ case "$torch" in
 esac
 for lock in "$@"; do
   echo "$(basename "$lock"): $(grep -c '^[a-z0-9]' "$lock") packages"
-  run "${pip[@]}" --quiet -r "$lock"
+  run "${pip[@]}" --progress-bar on -r "$lock"
 done
 run "$venv/bin/python" -m pip check
