@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from aieng.cli.common import store_option_parent, print_json, store_from
+from aieng.cli.inspect_cmd import add_inspect
 from aieng.store import parse_ref
 
 
@@ -34,6 +35,8 @@ def add_parser(sub) -> None:
     p = verbs.add_parser("show", parents=[STORE], help="print a version's manifest (N for current, N@V for a version)")
     p.add_argument("ref", metavar="N[@V]")
     p.set_defaults(handler=_show)
+
+    add_inspect(verbs, [STORE])
 
     p = verbs.add_parser("verify", parents=[STORE], help="re-hash every file; exit 1 naming each mismatched, missing or extra file")
     p.add_argument("ref", metavar="N[@V]")

@@ -37,13 +37,16 @@ def make_runner(model, *, config, context_length: int, pad_id: int, replacing=No
         per_token = SlotShape(model.config.num_hidden_layers, model.config.num_key_value_heads,
                               head_dim(model.config), next(model.parameters()).dtype).bytes_per_token()
         budget = config.kv_cache_bytes or per_token * (context_length + 1) * config.max_rows
-        return NativeRunner(model, context_length=context_length, max_rows=config.max_rows,
-                            kv_cache_bytes=budget, formats=formats, compile_layers=config.compile,
-                            decode_attention=config.decode_attention, kv_cache_dtype=config.kv_cache_dtype,
-                            graphs_from=donor,
-                            cache_from_replaced=kv_from_replaced)
+        runner = NativeRunner(model, context_length=context_length, max_rows=config.max_rows,
+                              kv_cache_bytes=budget, formats=formats, compile_layers=config.compile,
+                              decode_attention=config.decode_attention, kv_cache_dtype=config.kv_cache_dtype,
+                              graphs_from=donor, cache_from_replaced=kv_from_replaced)
+        runner.path_reason = path.reason  # why this forward: engine_decisions reports it
+        return runner
     log.info("serving with the transformers forward: %s", why_not, extra={"event": "engine_runner"})
-    return HFRunner(model, pad_id=pad_id, max_rows=config.max_rows, compile=config.compile)
+    runner = HFRunner(model, pad_id=pad_id, max_rows=config.max_rows, compile=config.compile)
+    runner.path_reason = why_not
+    return runner
 
 
 def head_dim(config) -> int:

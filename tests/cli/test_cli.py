@@ -9,7 +9,7 @@ from aieng.bench.server_process import ServerProcess, ServerStartError
 
 COMMANDS = [[], ["demo"], ["demo", "build"], ["demo", "install"], ["model"], ["model", "register"], ["model", "list"],
             ["model", "show"], ["model", "verify"], ["model", "promote"], ["model", "rollback"], ["model", "remove"], ["release"], ["release", "watch"],
-            ["model", "convert"], ["model", "history"], ["eval"], ["serve"], ["bench", "grammar"]]
+            ["model", "convert"], ["model", "history"], ["model", "inspect"], ["eval"], ["serve"], ["bench", "grammar"]]
 
 
 def aieng(*args, store=None):

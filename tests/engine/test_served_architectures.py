@@ -7,6 +7,10 @@ Prompts go in as concurrent requests with different ``max_tokens``, so rows join
 server's batch at different steps.
 """
 
+import json
+import os
+import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -70,4 +74,28 @@ def test_the_served_greedy_answer_is_generate_s(path, store):
         log = server.output()
     assert answers == expected(folder)
     assert ("serving with the transformers forward" in log) == (path == "transformers")
-    assert ("KV cache:" in log) == (path == "native")  # the native runner's static cache
+    assert ('"event": "engine_kv_cache"' in log) == (path == "native")  # the native runner's static cache
+    chosen = next(json.loads(line) for line in log.splitlines() if '"event": "serving_plan"' in line)
+    assert chosen["runner"] == path and chosen["workers"] == 1 and chosen["compile"].startswith("off")
+
+
+@pytest.mark.parametrize("path", list(CASES))
+def test_model_inspect_says_which_forward_and_why_without_serving(path, store):
+    env = {**os.environ, "AIENG_COMPILE": "0", "AIENG_WEIGHT_FORMATS": "float32"}
+    result = subprocess.run([sys.executable, "-m", "aieng", "model", "inspect", path, "--store", str(store.root),
+                             "--json"], capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr
+    plan = json.loads(result.stdout)
+    assert plan["runner"] == path and plan["version"] == "1" and plan["workers"] >= 1
+    if path == "native":
+        assert plan["runner_why"] == "the native forward implements every option of this config"
+        assert plan["weights"].startswith("fp32 weights for every step") and "AIENG_WEIGHT_FORMATS=float32" in plan["weights"]
+        assert " rows x " in plan["kv_cache"] and plan["kv_cache_why"].startswith("AIENG_KV_CACHE_DTYPE=auto")
+    else:
+        assert "gpt2 is not of the Llama family" in plan["runner_why"] and "dynamic cache" in plan["kv_cache"]
+    text = subprocess.run([sys.executable, "-m", "aieng", "model", "inspect", f"{path}@1", "--store", str(store.root)],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert text.returncode == 0 and text.stdout.splitlines()[2].startswith(f"forward          {path}: ")
+    missing = subprocess.run([sys.executable, "-m", "aieng", "model", "inspect", f"{path}@7", "--store", str(store.root)],
+                             capture_output=True, text=True, env=env, timeout=300)
+    assert missing.returncode == 1 and "does not exist" in missing.stderr and "Traceback" not in missing.stderr

@@ -100,6 +100,7 @@ class Runtime:
         self.canary: Serving | None = None  # the version served beside `serving` to a share of requests
         self.canary_weight = 0.0
         self.gpu_split = None  # aieng.gpus.SplitPlan when the weights span several GPUs (set before fork)
+        self.worker_plan = None  # aieng serve's WorkerPlan (set before fork): logged with the engine's choices
         self.swapper = HotSwapper(self)  # follows the store's `current` and canary record (hot_swap.py, canary.py)
 
     # -- master --------------------------------------------------------------------------------
@@ -199,11 +200,21 @@ class Runtime:
                         self.engine.max_rows, extra={"event": "kv_budget_rows"})
             self.config.scheduler = replace(self.config.scheduler, max_batch_size=self.engine.max_rows)
         self.install(Serving.build(self.model_name, self.loaded, self.engine, self.config.scheduler, self.settings))
+        if self.worker_plan is not None:
+            self.log_serving_plan()
         self.serving.publish(True)
         set_service(self.model_name, self.model_version)
         metrics.QUEUE_CAPACITY.set(self.config.scheduler.max_queue)
         baseline = (self.loaded.manifest.performance_baseline or {}) if self.loaded.manifest else {}
         metrics.TOKENS_PER_SECOND_BASELINE.set(float(baseline.get("tokens_per_s") or 0.0))
+
+    def log_serving_plan(self) -> None:
+        """One line: what this process's engine chose for the model, and the worker plan."""
+        from aieng.engine.decisions import engine_decisions
+        from aieng.server.process.serving_plan import ServingPlan
+
+        plan = ServingPlan(self.model_name, self.model_version, engine_decisions(self.engine), self.worker_plan)
+        log.info(plan.line(), extra={"event": "serving_plan", **plan.fields()})
 
     def install(self, serving: Serving) -> None:
         """Make ``serving`` the version new requests get: ``self.serving`` first (what a request

@@ -63,6 +63,7 @@ def serve(settings: Settings, progress: StartupProgress | None = None) -> None:
         runtime.gpu_split = plan.split
         runtime.config.engine = replace(runtime.config.engine, native=False)  # the native forward is one-device
     log_event(log, "worker_plan", workers=plan.workers, torch_threads=plan.torch_threads, reason=plan.reason)
+    runtime.worker_plan = plan  # each process logs it with its engine's choices (serving_plan)
     runtime.warm_before_fork()
     runtime.progress.begin("workers", f"{plan.workers} worker(s) x {plan.torch_threads} torch thread(s)")
     log.info("serving %s@%s on http://%s:%d with %d worker(s) x %d torch thread(s): %s", runtime.model_name,

@@ -97,6 +97,11 @@ def test_start_up_is_visible_and_a_restart_reuses_the_compile_cache(demo_store):
     assert max(b - a for a, b in zip(stamps, stamps[1:])) <= 10.0
     plan = next(line for line in lines if line["event"] == "worker_plan")
     assert plan["torch_threads"] == 2 and "torch threads set to 2" in plan["reason"]
+    # one line that says what was chosen and why, as `aieng model inspect` prints it
+    chosen = next(line for line in lines if line["event"] == "serving_plan")
+    assert chosen["runner"] == "native" and chosen["kv_cache"].startswith("fp32, ") and chosen["torch_threads"] == 2
+    assert chosen["decode_attention"] == "aieng's CPU kernel" and "AIENG_WEIGHT_FORMATS" in chosen["weights"]
+    assert chosen["message"].startswith("demo@1: native forward (") and "2 torch thread(s)" in chosen["message"]
     cache = next(line for line in lines if line["event"] == "compile_cache")
     assert cache["fx_graph_cache"] and cache["aot_autograd_cache"]
     if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:  # torch's own variable wins when set
