@@ -30,5 +30,12 @@ def chat_ids(tokenizer, messages: list[dict]) -> list[int]:
     """Token ids of the conversation with the assistant turn opened (``/v1/chat/completions``)."""
     if not has_chat_template(tokenizer):
         raise InvalidRequestError("this model has no chat template; use /v1/completions", param="messages")
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+    from jinja2 import TemplateError
+
+    try:
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+    except TemplateError as exc:
+        # A template refusing the conversation (Llama 2's "roles must alternate", a missing user turn)
+        # says what is wrong with the request: a 400 with its message, not a 500 with none.
+        raise InvalidRequestError(f"the model's chat template refused these messages: {exc}", param="messages") from None
     return list(ids)

@@ -3,8 +3,9 @@
 A request with ``n`` choices is admitted as one row. When its prompt is in the cache, ``fork``
 makes ``n - 1`` more rows whose caches are copies of it (the runner copies the prompt's keys and
 values; no forward runs again), and all ``n`` are sampled from the same last-position logits, each
-with its own generator (seed, seed + 1, ... when the request has a seed) and its own grammar
-matcher. From then on they are rows like any other.
+with its own generator (seed, seed + 1, ... when the request has a seed), its own grammar
+matcher, and its own detokenizer started from the same prompt's context (each choice's text is
+what its tokens add after the prompt, ``detokenize``). From then on they are rows like any other.
 
 The engine's rows have their own ids (``rid``, ``rid#1``, ``rid#2``, ...); the scheduler and the
 HTTP layer know only the request's. ``publish`` turns the rows' events into the request's:

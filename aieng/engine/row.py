@@ -3,7 +3,10 @@
 A row finishes on the first of: an end-of-sequence token (unless ``ignore_eos``), a stop string,
 its grammar complete (a constrained row), ``max_tokens``, or the model's context length. Text is
 released only when it is safe: a multi-byte character is never split, and nothing that could
-still become a stop string is streamed (see ``stops`` and ``detokenize``).
+still become a stop string is streamed (see ``stops`` and ``detokenize``). The text is what the
+row's tokens add after its prompt (``detokenize``: decoded in the prompt's context, so a
+SentencePiece reply whose first token is ``▁Paris`` reads " Paris"), and stop strings are matched
+on that same text: every choice of a request (``choices``) starts from the same prompt context.
 """
 
 from __future__ import annotations
@@ -52,8 +55,8 @@ class Row:
         seen = (torch.tensor(request.prompt_ids, dtype=torch.long, device=device)
                 if params.repetition_penalty != 1.0 else None)
         return cls(request=request, generator=new_generator(params.seed, device),
-                   detokenizer=IncrementalDetokenizer(tokenizer), stops=StopMatcher(params.stop), seen=seen,
-                   matcher=request.matcher)
+                   detokenizer=IncrementalDetokenizer(tokenizer, prompt_ids=request.prompt_ids),
+                   stops=StopMatcher(params.stop), seen=seen, matcher=request.matcher)
 
     @property
     def request_id(self) -> str:

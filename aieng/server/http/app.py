@@ -146,7 +146,8 @@ async def _respond(runtime, serving, submission, request: Request, body, *, chat
     echo = single_prompt(body.prompt) if not chat and body.echo else ""
     scored = submission.request.prompt_ids if submission.request.params.prompt_logprobs is not None else ()
     options = ReplyOptions(chat=chat, texts=texts, echo=echo, scored=scored, guard=guard, guard_prompt=guard_prompt,
-                           constrained=constrained, trace_id=trace_id)
+                           constrained=constrained, trace_id=trace_id, context_ids=submission.request.prompt_ids,
+                           prompt_ids=submission.request.prompt_ids if body.return_token_ids else None)
     if body.stream:
         include_usage = bool((body.stream_options or {}).get("include_usage"))
 
@@ -175,4 +176,6 @@ async def _respond(runtime, serving, submission, request: Request, body, *, chat
     kind = ChatCompletionResponse if chat else CompletionResponse
     content = kind(id=response_id, created=created, model=runtime.model_name, usage=usage, choices=[]).model_dump()
     content["choices"] = choices
+    if chat and options.prompt_ids is not None:
+        content["prompt_token_ids"] = list(options.prompt_ids)
     return JSONResponse(content, headers={**headers, "Server-Timing": submission.queued.stats.server_timing()})

@@ -39,6 +39,7 @@ class Submission:
     texts: dict[int, list[str]] = field(default_factory=dict)  # choice index -> its text, piece by piece
     logprobs: dict[int, list[TokenLogprobs]] = field(default_factory=dict)  # when the request asked for them
     finishes: dict[int, str] = field(default_factory=dict)  # choice index -> its finish reason
+    token_ids: dict[int, list[int]] = field(default_factory=dict)  # choice index -> the ids it generated
     prompt_logprobs: tuple | None = None  # echo + logprobs: each prompt token's (None for the first)
 
     @property
@@ -127,6 +128,8 @@ class Bridge:
                 event = await submission.queue.get()
                 submission.metrics.on_event(event, time.perf_counter())
                 submission.texts.setdefault(event.index, []).append(event.text)
+                if event.token_id is not None:
+                    submission.token_ids.setdefault(event.index, []).append(event.token_id)
                 if event.logprobs is not None:
                     submission.logprobs.setdefault(event.index, []).append(event.logprobs)
                 if event.prompt_logprobs is not None:

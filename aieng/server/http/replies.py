@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from aieng.engine.token_text import TokenTexts
 from aieng.server.http.bridge import Submission
-from aieng.server.http.logprobs import chat_logprobs, completion_logprobs
+from aieng.server.http.logprobs import TextOffsets, chat_logprobs, completion_logprobs
 from aieng.server.http.output_guard import OutputGuard, Verdict, record
 from aieng.server.http.schemas import AssistantMessage, ChatChoice, CompletionChoice
 
@@ -25,6 +25,8 @@ class ReplyOptions:
     guard_prompt: str = ""
     constrained: bool = False  # the guard's format checks skip it
     trace_id: str | None = None
+    prompt_ids: tuple | list | None = None  # return_token_ids: the prompt's ids, sent beside each choice's own
+    context_ids: tuple | list = ()  # the prompt's ids, always: the choices' text is decoded after them
 
 
 def reply_choices(submission: Submission, options: ReplyOptions) -> tuple[list[dict], Verdict | None]:
@@ -42,6 +44,10 @@ def reply_choices(submission: Submission, options: ReplyOptions) -> tuple[list[d
             if verdict.action == "fallback":
                 text, finish_reason, items = options.guard.fallback, "content_filter", []
         choice = _choice(index, text, finish_reason, items, submission, options)
+        if options.prompt_ids is not None:  # vLLM's shape: chat names the prompt's ids once, at the top
+            choice["token_ids"] = submission.token_ids.get(index, [])
+            if not options.chat:
+                choice["prompt_token_ids"] = list(options.prompt_ids)
         if verdict is not None:
             choice["guard"] = verdict.field()  # an extension, beside OpenAI's fields
         choices.append(choice)
@@ -57,7 +63,8 @@ def _choice(index: int, text: str, finish_reason: str | None, items, submission:
                           logprobs=logprobs).model_dump()
     logprobs = None
     if texts is not None:
-        logprobs = completion_logprobs(items, texts, offset=len(options.echo), prompt=options.scored,
-                                       prompt_items=submission.prompt_logprobs or ())
+        offsets = TextOffsets(texts, len(options.echo), prompt_ids=options.context_ids)
+        logprobs = completion_logprobs(items, texts, offsets,
+                                       prompt=options.scored, prompt_items=submission.prompt_logprobs or ())
     return CompletionChoice(index=index, text=options.echo + text, logprobs=logprobs,
                             finish_reason=finish_reason).model_dump()

@@ -82,6 +82,9 @@ class _Request(BaseModel):
     guided_choice: list[Text] | None = None
     guided_json: dict | bool | str | None = None
     structured_outputs: StructuredOutputs | None = None
+    # Extension, as vLLM names it: the prompt's and each choice's token ids beside the text, so a
+    # client can check the text against its own tokenizer (RL pipelines need the exact ids).
+    return_token_ids: bool = False
 
 
 class CompletionRequest(_Request):

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from aieng.observability import metrics
 from aieng.engine import TokenEvent
 from aieng.engine.sampling import TokenLogprobs
-from aieng.server.http.logprobs import chat_logprobs, completion_logprobs
+from aieng.server.http.logprobs import TextOffsets, chat_logprobs, completion_logprobs
 from aieng.server.http.output_guard import Verdict, record
 from aieng.server.http.replies import ReplyOptions
 
@@ -34,13 +34,17 @@ async def stream_chunks(events: AsyncIterator[TokenEvent], options: ReplyOptions
     kind = "chat.completion.chunk" if chat else "text_completion"
     base = {"id": response_id, "object": kind, "created": created, "model": model}
     last: TokenEvent | None = None
-    choices = [_ChoiceStream(offset=len(echo)) for _ in range(n)]
+    choices = [_ChoiceStream(offsets=TextOffsets(logprobs, len(echo), prompt_ids=options.context_ids)
+                             if logprobs is not None and not chat else None) for _ in range(n)]
+    ids = options.prompt_ids  # return_token_ids: the prompt's ids with a choice's first chunk, then each chunk's own
     for index in range(n):
         if chat:
-            yield sse({**base, "choices": [{"index": index, "delta": {"role": "assistant", "content": ""},
-                                            "logprobs": None, "finish_reason": None}]})
+            yield sse({**base, **({"prompt_token_ids": list(ids)} if ids is not None and index == 0 else {}),
+                       "choices": [{"index": index, "delta": {"role": "assistant", "content": ""},
+                                    "logprobs": None, "finish_reason": None}]})
         elif echo and not scored_prompt:
-            yield sse({**base, "choices": [{"index": index, "text": echo, "logprobs": None, "finish_reason": None}]})
+            yield sse({**base, "choices": [{"index": index, "text": echo, "logprobs": None, "finish_reason": None,
+                                            **choices[index].ids_field(ids)}]})
     async for event in events:
         last = event
         if event.error is not None:  # the status line is long gone: report the error in the stream
@@ -53,9 +57,11 @@ async def stream_chunks(events: AsyncIterator[TokenEvent], options: ReplyOptions
         if event.prompt_logprobs is not None and scored_prompt and logprobs is not None:
             scored = completion_logprobs([], logprobs, prompt=scored_prompt, prompt_items=event.prompt_logprobs)
             yield sse({**base, "choices": [{"index": event.index, "text": echo, "logprobs": scored,
-                                            "finish_reason": None}]})
+                                            "finish_reason": None, **state.ids_field(ids)}]})
         if event.logprobs is not None:
             state.pending.append(event.logprobs)
+        if event.token_id is not None:
+            state.pending_ids.append(event.token_id)
         if not event.text and event.choice_finish is None:
             continue
         finish = event.choice_finish
@@ -84,8 +90,7 @@ async def stream_chunks(events: AsyncIterator[TokenEvent], options: ReplyOptions
             if chat:
                 chosen = chat_logprobs(state.pending, logprobs)
             else:
-                chosen = completion_logprobs(state.pending, logprobs, offset=state.offset)
-                state.offset = chosen["text_offset"][-1] + len(chosen["tokens"][-1])
+                chosen = completion_logprobs(state.pending, logprobs, state.offsets)
             state.pending = []
         if chat:
             delta = {"content": event.text} if event.text else {}
@@ -94,6 +99,7 @@ async def stream_chunks(events: AsyncIterator[TokenEvent], options: ReplyOptions
             choice = {"index": event.index, "text": event.text, "logprobs": chosen, "finish_reason": finish}
         if fired is not None:
             choice["guard"] = fired.field()
+        choice.update(state.ids_field(ids, chat=chat))
         yield sse({**base, "choices": [choice]})
     if include_usage and last is not None and last.error is None and last.finished:
         usage = {"prompt_tokens": last.prompt_tokens, "completion_tokens": last.completion_tokens,
@@ -106,8 +112,21 @@ async def stream_chunks(events: AsyncIterator[TokenEvent], options: ReplyOptions
 class _ChoiceStream:
     """One choice's state in a stream."""
 
-    offset: int = 0  # completions' text_offset of its next token
+    offsets: TextOffsets | None = None  # completions with logprobs: its tokens' text_offset, from token to token
     sent: list[str] = field(default_factory=list)  # its text so far, in pieces
     pending: list[TokenLogprobs] = field(default_factory=list)  # logprobs of tokens whose text is not sent yet
     verdict: Verdict | None = None  # the guard's, once one fired
     withheld: bool = False  # the guard ended it (fallback)
+    pending_ids: list[int] = field(default_factory=list)  # ids of tokens whose text is not sent yet
+    prompt_sent: bool = False  # return_token_ids: the prompt's ids went out (completions: in the choice)
+
+    def ids_field(self, prompt_ids, *, chat: bool = False) -> dict:
+        """return_token_ids' fields for this choice's next chunk (none unless asked), clearing what it sends."""
+        if prompt_ids is None:
+            return {}
+        found = {"token_ids": self.pending_ids}
+        self.pending_ids = []
+        if not chat and not self.prompt_sent:
+            found["prompt_token_ids"] = list(prompt_ids)
+        self.prompt_sent = True
+        return found
