@@ -70,7 +70,7 @@ class Engine:
         bound_onednn_caches()  # before this process's first oneDNN multiply (onednn_caches.py)
         self.config = config
         self.tokenizer = tokenizer
-        self.model = prepare_model(model, quantize_int8=config.quantize_int8)
+        self.model = prepare_model(model, quantize_int8=config.quantize_int8, context_length=context_length)
         self.device = next(model.parameters()).device
         self.context_length = context_length or model_context_length(model)
         self.eos_ids = eos_token_ids(model, tokenizer)

@@ -11,8 +11,13 @@ import inspect
 import torch
 
 
-def prepare_model(model: torch.nn.Module, *, quantize_int8: bool) -> torch.nn.Module:
-    """Inference mode for the module (dropout off), optionally int8 dynamic quantization (CPU)."""
+def prepare_model(model: torch.nn.Module, *, quantize_int8: bool, context_length: int | None) -> torch.nn.Module:
+    """A model ``serving_path`` serves (refused first, with the reason, before anything reads its
+    config: a multimodal checkpoint has no top-level ``vocab_size``), in inference mode (dropout
+    off), optionally with int8 dynamic quantization (CPU)."""
+    from aieng.engine.serving_path import check_servable
+
+    check_servable(model.config, context_length=context_length)
     model.eval()
     if quantize_int8:
         from aieng.engine.quantize import quantize_int8 as quantize

@@ -118,7 +118,12 @@ class HFRunner:
         input_ids, mask = input_ids.to(self.device), mask.to(self.device)  # [n, L]
         positions = (mask.cumsum(-1) - 1).clamp(min=0)  # [n, L]
 
-        def inputs() -> dict:  # a fresh cache on every try: a failed call may have half-filled one
+        # A fresh cache on every try (a failed call may have half-filled one), built without the
+        # model's config: every layer then keeps every column, which KVBatch's select, merge and
+        # trim rely on, and sliding-window layers get their window from the mask (in cache
+        # columns) instead. DynamicCache(config=...) would give them layers that keep only the
+        # last window of columns: every serving_table row with sliding-window layers fails on it.
+        def inputs() -> dict:
             pass_mask = self.compiled or bool((mask == 0).any())
             return dict(input_ids=input_ids, attention_mask=mask if pass_mask else None, position_ids=positions,
                         use_cache=True, logits_to_keep=1, **{self._cache_kwarg: DynamicCache()})

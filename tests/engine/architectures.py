@@ -90,6 +90,12 @@ def generate_reference(model, engine: Engine, prompt_ids: list[list[int]], max_t
     return [row[:n] for row, n in zip(rows, max_tokens)]
 
 
+def generate_alone(model, engine: Engine, prompt_ids: list[list[int]], max_tokens: list[int]):
+    """transformers' generate() on each prompt by itself (no padding, no batch-mates)."""
+    return [reference_greedy(model, [ids], max_new_tokens=n, eos_ids=engine.eos_ids, pad_id=engine.pad_id)[0]
+            for ids, n in zip(prompt_ids, max_tokens)]
+
+
 def parity(model, tokenizer, *, compile: bool = False) -> tuple[Engine, list, list]:
     """(the engine, its tokens, generate()'s tokens) for ``PROMPTS``; prompts prefill in chunks of
     at most 4 tokens on the native path. Compiled: warmed up first, as a server does."""

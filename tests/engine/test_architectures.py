@@ -3,8 +3,9 @@
 One test per row of ``aieng.engine.serving_table`` (the table in docs/architecture.md): a row
 served by a forward gives, on a random-weight model of exactly its config, the tokens
 transformers' ``generate()`` gives (greedy, fp32, eager, five prompts of different lengths
-joining at different steps and leaving at their own limits); a refused row is refused by the
-engine with its reason. Register's refusal is tested in tests/store/test_register_serving.py, the
+joining at different steps and leaving at their own limits), and ``generate()`` answers each
+prompt alone as it does in that left-padded batch; a refused row is refused by the engine with
+its reason. Register's refusal is tested in tests/store/test_register_serving.py, the
 paths over HTTP in test_served_architectures.py.
 """
 
@@ -18,7 +19,7 @@ from aieng.engine.serving_path import serving_path
 from aieng.engine.serving_table import ROWS, Row, row_config, serving_markdown_table
 from aieng.errors import AiengError
 
-from .architectures import build_row_model, load, parity
+from .architectures import MAX_TOKENS, PROMPTS, build_row_model, generate_alone, load, parity
 
 RUNNERS = {"native": "NativeRunner", "transformers": "HFRunner"}
 SERVED = [row for row in ROWS if row.kind != "refused"]
@@ -27,6 +28,18 @@ REFUSED = [row for row in ROWS if row.kind == "refused"]
 
 def _id(row) -> str:
     return f"{row.model_type}: {row.configuration}"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    """Models this small gain nothing from a second thread, and on shared cores the threads' spin
+    waits made the module several times slower."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
@@ -70,6 +83,16 @@ def test_each_served_row_gives_generate_s_greedy_tokens(row, results):
     assert len({token for tokens in theirs for token in tokens}) > 10, "a degenerate model would prove little"
 
 
+@pytest.mark.parametrize("row", SERVED, ids=_id)
+def test_each_served_row_answers_alone_as_it_does_left_padded_in_a_batch(row, results):
+    """generate() on each prompt by itself gives what it gives left-padded beside the others: the
+    model's answer does not depend on its padding or batch-mates (a forward whose masks or
+    positions, or whose MoE routing, moved with the batch would fail here, and the parity above
+    would only show that the engine repeats it)."""
+    engine, _, theirs = results(row)
+    assert generate_alone(engine.model, engine, [engine.encode(p) for p in PROMPTS], MAX_TOKENS) == theirs
+
+
 #: Options that are, by design, the plain model's math within the served context.
 SAME_AS_PLAIN = ("rope dynamic", "sliding window >= context")
 
@@ -90,7 +113,8 @@ def test_the_engine_refuses_a_refused_row_with_its_reason(row, tokenizer):
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_config(row_config(row, vocab_size=len(tokenizer),
-                                                        eos_token_id=tokenizer.eos_token_id))
+                                                        eos_token_id=tokenizer.eos_token_id,
+                                                        pad_token_id=tokenizer.pad_token_id))
     with pytest.raises(AiengError, match=re.escape(serving_path(row_config(row)).reason)) as caught:
         Engine(model, tokenizer, config=EngineConfig(compile=False))
     assert caught.value.code == "unsupported_model"
@@ -119,3 +143,16 @@ def test_the_compiled_native_stack_carries_every_bias(tokenizer, tmp_path):
     assert ours == theirs
     assert engine.compiled and engine.stats["compile_fallbacks"] == 0
     assert sum(n for graph, n in engine.runner.steps_by_graph.items() if graph is not None) > 10
+
+
+def test_the_engine_refuses_a_multimodal_checkpoint_before_reading_its_config(tokenizer):
+    """A vision-language checkpoint keeps its text model's sizes under ``text_config``: the engine
+    must refuse it by name, not fail on a missing ``vocab_size`` first."""
+    import torch
+    from transformers import Gemma3Config
+
+    model = torch.nn.Linear(2, 2)
+    model.config = Gemma3Config()
+    with pytest.raises(AiengError, match="text-only causal LMs") as caught:
+        Engine(model, tokenizer, config=EngineConfig(compile=False))
+    assert caught.value.code == "unsupported_model"
