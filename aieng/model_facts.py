@@ -49,3 +49,20 @@ def eos_token_ids(model, tokenizer) -> set[int]:
     if not ids:
         raise ValueError("neither the tokenizer nor the generation config defines an end-of-sequence token")
     return ids
+
+
+def head_dim(config) -> int:
+    """Each attention head's width: the config's ``head_dim`` where it names one (it may differ
+    from hidden/heads, as in Gemma and Qwen3), else hidden size over query heads."""
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+def kv_heads(config) -> int:
+    """Key/value heads: fewer than the query heads under grouped- or multi-query attention."""
+    return getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+
+
+def kv_bytes_per_token(config, element_bytes: int) -> int:
+    """What one token's keys and values take across every layer, at ``element_bytes`` per value:
+    the unit of every KV cache budget (the native slots, a worker's memory, a GPU's share)."""
+    return 2 * config.num_hidden_layers * kv_heads(config) * head_dim(config) * element_bytes

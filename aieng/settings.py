@@ -3,8 +3,9 @@
 A plain dataclass rather than a settings framework: the fields are few, the CLI passes
 overrides explicitly, and the same object is handed down to every component that needs it.
 ``RuntimeConfig.from_settings`` (``aieng.server.process.runtime``) is the one place where they
-become the engine's, the scheduler's and the loader's configs; where a field mirrors a config's
-field its default is the config's (``tests/test_settings.py`` checks they agree).
+become the engine's, the scheduler's and the loader's configs. Defaults live here and only here:
+those configs take theirs from ``DEFAULTS`` (``tests/test_settings.py`` builds the engine config
+the way ``aieng serve`` does and the way a notebook does, and compares them).
 
 Each field's ``help`` is the text of ``aieng serve --help`` and of the settings table in
 ``docs/architecture.md`` (regenerate it with ``python -m aieng.settings``; a test compares).
@@ -17,7 +18,7 @@ import typing
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
-#: AIENG_WEIGHT_FORMATS's choices (engine/formats.py says what each runs)
+#: AIENG_WEIGHT_FORMATS's choices (engine/native/formats.py says what each runs)
 WEIGHT_FORMATS = ("auto", "float32", "bfloat16", "float32-packed", "bfloat16-packed")
 
 
@@ -133,6 +134,12 @@ class Settings:
         settings = cls(**values)
         clean = {k: (_coerce(k, v) if isinstance(v, str) else v) for k, v in overrides.items() if v is not None}
         return replace(settings, **clean)
+
+
+#: The defaults, and nothing else (no environment): where every component config takes its own.
+#: ``EngineConfig()``, ``SchedulerConfig()`` and ``LoadConfig()`` are what ``aieng serve`` builds
+#: when nothing is set, so a notebook, a benchmark or a test that builds one gets the served engine.
+DEFAULTS = Settings()
 
 
 def env_name(name: str) -> str:

@@ -5,7 +5,7 @@ import os
 import psutil
 import pytest
 
-from aieng import container_limits
+from aieng.host import container_limits
 from aieng.server.process.worker_plan import plan_workers
 
 GiB = 2**30

@@ -6,7 +6,7 @@ import types
 import pytest
 import torch
 
-from aieng import gpus
+from aieng.host import gpus
 from aieng.errors import ModelLoadError
 from aieng.server.process.gpu_worker import fit_kv_to_gpu, pin_worker, pre_fork_for
 from aieng.server.process.worker_plan import plan_workers

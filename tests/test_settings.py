@@ -46,6 +46,18 @@ def test_runtime_config_passes_every_mirrored_setting_on():
                                                                                          dtype="float16")
 
 
+def test_a_notebook_builds_the_engine_aieng_serve_builds():
+    """One set of defaults: the configs a notebook, a benchmark or a test gets by default are the
+    ones `aieng serve` derives from the settings when nothing is set."""
+    served = RuntimeConfig.from_settings(Settings())
+    assert EngineConfig() == served.engine
+    assert SchedulerConfig() == served.scheduler
+    assert LoadConfig() == LoadConfig.from_settings(Settings())
+    exact = EngineConfig.exact()
+    assert (exact.weight_formats, exact.kv_cache_dtype, exact.compile_budget_s) == ("float32", "model", None)
+    assert EngineConfig.exact(compile=False).compile is False
+
+
 def test_the_engine_owns_no_scheduling_setting():
     assert "max_batch_size" not in {f.name for f in fields(EngineConfig)}
 

@@ -108,4 +108,4 @@ def run_context_bench(engine: Engine, *, batch: int = 1, short_kv: int = 64, lon
                               step_ratio=round(long_ms / short_ms, 3), streams=streams, join_tokens=join_tokens,
                               median_step_ms=round(median_ms, 2), itl_p99_ms=round(p99_ms, 2),
                               itl_p99_over_median=round(p99_ms / median_ms, 3),
-                              chunk_tokens=engine.prefill_budget.max_tokens if engine.runner.chunked else 0)
+                              chunk_tokens=engine.prefill_budget.max_tokens if engine.chunked else 0)

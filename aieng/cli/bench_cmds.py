@@ -135,12 +135,13 @@ def _grammar(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from aieng.bench.grammar_bench import json_task_report, measure_mask_cost
-    from aieng.engine.engine import Engine, EngineConfig
+    from aieng.engine.config import EngineConfig
+    from aieng.engine.engine import Engine
 
     loaded, label = load_for_bench(args)
     config = EngineConfig(compile=args.compile, weight_formats=args.weight_formats,
                           decode_attention=args.decode_attention, kv_cache_dtype=args.kv_cache_dtype,
-                          max_rows=max(32, args.batch))
+                          max_rows=max(32, args.batch), compile_budget_s=None)  # measure the compiled engine
     engine = Engine(loaded.model, loaded.tokenizer, context_length=loaded.context_length, config=config)
     with tqdm(total=2 * args.repeats, desc="bench grammar", unit="run", disable=args.json) as bar:
         engine.warmup(progress=lambda detail: bar.set_postfix_str(detail[:60]))
@@ -171,12 +172,13 @@ def _context(args: argparse.Namespace) -> int:
 
     from aieng.bench.context_bench import run_context_bench
     from aieng.bench.plain_forward import plain_decode_tokens_per_s
-    from aieng.engine.engine import Engine, EngineConfig
+    from aieng.engine.config import EngineConfig
+    from aieng.engine.engine import Engine
 
     loaded, label = load_for_bench(args)
     config = EngineConfig(compile=args.compile, weight_formats=args.weight_formats,
                           decode_attention=args.decode_attention, kv_cache_dtype=args.kv_cache_dtype,
-                          max_rows=max(32, args.streams + 1, args.batch))
+                          max_rows=max(32, args.streams + 1, args.batch), compile_budget_s=None)
     engine = Engine(loaded.model, loaded.tokenizer, context_length=loaded.context_length, config=config)
     with tqdm(desc="bench context", unit="step", disable=args.json) as bar:
         engine.warmup(progress=lambda detail: bar.set_postfix_str(detail[:60]))
@@ -214,7 +216,7 @@ def _engine(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from aieng.bench.engine_bench import run_engine_bench
-    from aieng.engine.engine import EngineConfig
+    from aieng.engine.config import EngineConfig
 
     loaded, label = load_for_bench(args)
     with tqdm(total=7 if args.compile else 5, desc="bench engine", unit="method", disable=args.json) as bar:
@@ -222,7 +224,7 @@ def _engine(args: argparse.Namespace) -> int:
                                   label=label, engine_config=EngineConfig(
                                       compile=args.compile, quantize_int8=args.int8,
                                       weight_formats=args.weight_formats, decode_attention=args.decode_attention,
-                                      kv_cache_dtype=args.kv_cache_dtype),
+                                      kv_cache_dtype=args.kv_cache_dtype, compile_budget_s=None),
                                   progress=bar)
     data = result.to_dict()
     if args.json:

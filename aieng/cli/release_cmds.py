@@ -41,7 +41,7 @@ def add_parser(sub) -> None:
                                      "--steps percentage the canary gets that share of unpinned traffic and is "
                                      "checked every --interval seconds against the stable version on the same "
                                      "traffic: success rate, p99 latency and TTFT as ratios to stable, early-EOS "
-                                     "rate (aieng/release/canary.py). --max-failed-checks failed checks roll it back "
+                                     "rate (aieng/release/canary_rollout.py). --max-failed-checks failed checks roll it back "
                                      "(the canary is unloaded); all steps passed promote it to current. Every step "
                                      "and the outcome go to history.jsonl. Exit 0 promoted, 1 refused by the gate, "
                                      "3 rolled back.")
@@ -97,7 +97,7 @@ def _seconds(text: str) -> float:
 def _canary(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from aieng.release.canary import CanaryThresholds, run_canary
+    from aieng.release.canary_rollout import CanaryThresholds, run_canary
     from aieng.release.sources import PrometheusMetrics
 
     try:

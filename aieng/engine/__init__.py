@@ -13,7 +13,8 @@
 - ``serving_path``, ``serving_table``: which forward serves a configuration exactly, or why it is refused
 """
 
-from aieng.engine.engine import Engine, EngineConfig
+from aieng.engine.config import EngineConfig
+from aieng.engine.engine import Engine
 from aieng.engine.params import GenerationResult, SamplingParams, validate_request
 from aieng.engine.request import GenerationRequest, StepResult, TokenEvent
 

@@ -34,46 +34,24 @@ class EngineDecisions:
         return asdict(self)
 
 
-def _dtype(dtype: torch.dtype) -> str:
+def dtype_name(dtype: torch.dtype) -> str:
     return {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, str(dtype))
 
 
 def engine_decisions(engine) -> EngineDecisions:
-    """The choices ``engine`` (an ``aieng.engine.Engine``) runs with."""
-    from aieng.engine.native_runner import NativeRunner
-
-    runner, config = engine.runner, engine.config
-    device = str(runner.device)
-    compile_state = "off (AIENG_COMPILE=0)"
-    if isinstance(runner, NativeRunner):
-        one_row = "bf16" if runner.one_row_bf16 else "fp32"
-        weights = (f"{runner.formats.describe()}; one-row steps in {one_row}"
-                   f" ({_setting_said('AIENG_WEIGHT_FORMATS', config.weight_formats)})")
-        cache = runner.cache
-        kv_bytes = cache.shape.bytes_per_token() * (cache.capacity + 1) * runner.planned_rows
-        kv = (f"{_dtype(cache.shape.dtype)}, {runner.planned_rows} rows x {cache.capacity} tokens "
-              f"({kv_bytes / 2**20:.0f} MiB)")
-        kernel = runner.net.dims.decode_kernel
-        if config.compile:
-            compile_state = "on: the decoder layer, one graph per step shape, built at warm-up"
-        return EngineDecisions("native", runner.path_reason, device, weights, kv, _kv_why(config, cache.shape.dtype,
-                                                                                          runner.net.dtype, kernel),
-                               "aieng's CPU kernel" if kernel else "PyTorch SDPA", compile_state)
-    params = next(engine.model.parameters())
-    if config.compile:
-        compile_state = "on: the whole forward, built at warm-up"
-    weights = "int8 dynamic (AIENG_INT8=1)" if config.quantize_int8 else f"{_dtype(params.dtype)} as loaded"
-    return EngineDecisions("transformers", runner.path_reason, device, weights,
-                           f"{_dtype(params.dtype)}, transformers' dynamic cache, up to {runner.max_rows} rows",
-                           "grows with each row's tokens; the native forward's static cache needs its own forward",
-                           "the model's own attention", compile_state)
+    """The choices ``engine`` (an ``aieng.engine.Engine``) runs with: its runner's, and why that runner."""
+    runner = engine.runner
+    choices = runner.describe(engine.config)
+    return EngineDecisions(runner.kind, runner.path_reason, str(runner.device), choices.weights, choices.kv_cache,
+                           choices.kv_cache_why, choices.decode_attention, choices.compile)
 
 
-def _setting_said(name: str, value: str) -> str:
+def setting_said(name: str, value: str) -> str:
     return f"{name}={value}: measured on this host" if value == "auto" else f"{name}={value}"
 
 
-def _kv_why(config, dtype: torch.dtype, model_dtype: torch.dtype, decode_kernel: bool) -> str:
+def kv_why(config, dtype: torch.dtype, model_dtype: torch.dtype, decode_kernel: bool) -> str:
+    """Why the native KV cache has ``dtype`` (``slots.kv_dtype``'s rule, in words)."""
     if config.kv_cache_dtype != "auto":
         return f"AIENG_KV_CACHE_DTYPE={config.kv_cache_dtype}"
     if dtype != model_dtype:

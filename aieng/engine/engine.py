@@ -23,14 +23,14 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 
 import torch
 
 from aieng.engine.choices import ChoiceGroups
+from aieng.engine.config import EngineConfig
 from aieng.engine.constraints import ConstraintCompiler
 from aieng.engine.hf_model import pad_token_id, prepare_model
-from aieng.engine.onednn_caches import bound_onednn_caches
+from aieng.engine.native.onednn_caches import bound_onednn_caches
 from aieng.engine.oom import out_of_memory_event
 from aieng.engine.prefill_budget import PrefillBudget
 from aieng.engine.params import GenerationResult, SamplingParams, validate_request
@@ -42,23 +42,6 @@ from aieng.engine.sampling import prompt_logprobs
 from aieng.model_facts import eos_token_ids, model_context_length
 
 log = logging.getLogger("aieng.engine")
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    compile: bool = True  # torch.compile (the decoder layer, or the whole forward for other models)
-    quantize_int8: bool = False  # dynamic int8 Linear layers on CPU (transformers forward only)
-    native: bool = True  # the native forward for Llama-family models (static cache, chunked prefill)
-    max_rows: int = 64  # rows the engine holds at once (KV slots); the runtime sets the scheduler's batch size
-    kv_cache_bytes: int = 0  # static KV cache budget; 0 = enough for max_rows full-context rows
-    prefill_chunk_tokens: int = 256  # prompt tokens prefilled per step (native forward)
-    weight_formats: str = "float32"  # float32 | bfloat16 | auto: measured per step size (formats.py)
-    decode_attention: str = "auto"  # auto: aieng's CPU kernel when it builds (kernels/), else SDPA | sdpa
-    kv_cache_dtype: str = "model"  # model (the weights' dtype) | bfloat16 | auto (native_runner.kv_dtype)
-    compile_budget_s: float | None = None  # warm-up waits this long for compilation, then serves eagerly
-    oom_degrade: bool = False  # a decoding row out of memory alone ends with its text (length), not an error
-    warmup_prompt_lengths: tuple[int, ...] = (8, 32, 128)
-    warmup_batch_sizes: tuple[int, ...] = (1, 8)
 
 
 class Engine:
@@ -105,16 +88,22 @@ class Engine:
         return self.runner.max_rows
 
     @property
+    def planned_rows(self) -> int:
+        return self.runner.planned_rows
+
+    @property
+    def chunked(self) -> bool:
+        """Prompts prefill in chunks beside decoding rows (the native forward), not whole."""
+        return self.runner.chunked
+
+    @property
     def compiling_inline(self) -> bool:
         """A step is compiling a graph warm-up missed (the transformers path's rewarm): slow, not hung."""
-        return getattr(getattr(self.runner, "forward_fn", None), "compiling", False)
+        return self.runner.compiling_inline
 
     @property
     def stats(self) -> dict[str, int]:
-        forward = getattr(self.runner, "forward_fn", None)
-        counts = {**self.counts, "oom_splits": sum(self.runner.oom_splits.values())}
-        return {**counts, "rewarms": forward.rewarms if forward else 0,
-                "compile_fallbacks": forward.fallbacks if forward else int(getattr(self.runner, "compile_failed", 0))}
+        return {**self.counts, "oom_splits": sum(self.runner.oom_splits.values()), **self.runner.compile_counts()}
 
     def encode(self, prompt: str) -> list[int]:
         return self.tokenizer(prompt)["input_ids"]
@@ -202,7 +191,7 @@ class Engine:
     @property
     def shared_graphs(self) -> bool:
         """True when this engine runs the compiled graphs of the engine it replaced."""
-        return getattr(self.runner, "shared_graphs", False)
+        return self.runner.shared_graphs
 
     def warmup(self, progress: Callable[[str], None] | None = None) -> float:
         """Run representative shapes so the first real request pays no lazy set-up, and build the

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from aieng.engine.engine import Engine, EngineConfig
+from aieng.engine.config import EngineConfig
+from aieng.engine.engine import Engine
 from aieng.engine.params import SamplingParams
 from aieng.engine.reference import reference_greedy
 
@@ -27,7 +28,7 @@ class ParityReport:
 def parity_report(model, tokenizer, prompts: list[str], *, max_new_tokens: int = 24,
                   engine: Engine | None = None) -> ParityReport:
     """Both sides get the same token ids and stop on the same end-of-sequence ids (the engine's)."""
-    engine = engine or Engine(model, tokenizer, config=EngineConfig(compile=False))
+    engine = engine or Engine(model, tokenizer, config=EngineConfig.exact(compile=False))
     ids = [engine.encode(p) for p in prompts]
     ours = [r.token_ids for r in engine.generate(ids, SamplingParams(max_tokens=max_new_tokens, temperature=0))]
     theirs = reference_greedy(model, ids, max_new_tokens=max_new_tokens, eos_ids=engine.eos_ids, pad_id=engine.pad_id)

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import torch
 
-from aieng.engine.kv_batch import left_pad
+from aieng.engine.hf.kv_batch import left_pad
 
 
 @torch.inference_mode()

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import logging
 
-from aieng.engine.hf_runner import HFRunner
+from aieng.engine.hf.runner import HFRunner
 from aieng.engine.serving_path import check_servable
-from aieng.engine.succession import donor_runner
+from aieng.engine.native.succession import donor_runner
+from aieng.model_facts import kv_bytes_per_token
 
 log = logging.getLogger("aieng.engine")
 
@@ -28,14 +29,12 @@ def make_runner(model, *, config, context_length: int, pad_id: int, replacing=No
     if why_not is None and config.quantize_int8:
         why_not = "int8 dynamic quantization replaces the Linear layers the native forward reads"
     if why_not is None:
-        from aieng.engine.formats import format_plan
-        from aieng.engine.native_runner import NativeRunner
-        from aieng.engine.slots import SlotShape
+        from aieng.engine.native.formats import format_plan
+        from aieng.engine.native.runner import NativeRunner
 
         donor = donor_runner(replacing, model)
         formats = donor.formats if donor is not None else format_plan(config.weight_formats, model)
-        per_token = SlotShape(model.config.num_hidden_layers, model.config.num_key_value_heads,
-                              head_dim(model.config), next(model.parameters()).dtype).bytes_per_token()
+        per_token = kv_bytes_per_token(model.config, next(model.parameters()).dtype.itemsize)
         budget = config.kv_cache_bytes or per_token * (context_length + 1) * config.max_rows
         runner = NativeRunner(model, context_length=context_length, max_rows=config.max_rows,
                               kv_cache_bytes=budget, formats=formats, compile_layers=config.compile,
@@ -47,7 +46,3 @@ def make_runner(model, *, config, context_length: int, pad_id: int, replacing=No
     runner = HFRunner(model, pad_id=pad_id, max_rows=config.max_rows, compile=config.compile)
     runner.path_reason = why_not
     return runner
-
-
-def head_dim(config) -> int:
-    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads

@@ -46,7 +46,7 @@ def evaluate_version(store: ModelStore, ref: ModelRef, config: LoadConfig = Load
 
         model = quantize_int8(model)
     if variant == "bfloat16":
-        from aieng.engine.formats import bf16_linears
+        from aieng.engine.native.formats import bf16_linears
 
         with bf16_linears(model):
             report = evaluate(model, loaded.tokenizer, n_per_family=n_per_family)

@@ -18,18 +18,19 @@ from aieng.loading.device import choose_device, choose_dtype
 from aieng.loading.memory import MemoryBudget, check_memory_budget
 from aieng.model_facts import model_context_length
 from aieng.observability.metrics import MODEL_LOAD_ERRORS, MODEL_LOAD_SECONDS
+from aieng.settings import DEFAULTS
 from aieng.store import Manifest, ModelRef, ModelStore
 from aieng.store.introspect import inspect_folder, needs_remote_code, read_config
 
 
 @dataclass(frozen=True)
 class LoadConfig:
-    device: str = "auto"  # auto | cpu | cuda | cuda:N
-    dtype: str = "auto"  # auto | float32 | bfloat16 | float16
-    memory_headroom: float = 0.8  # share of available RAM the weights may use
-    gpu_memory_fraction: float = 0.9  # share of GPU memory the weights may use
+    device: str = DEFAULTS.device  # auto | cpu | cuda | cuda:N
+    dtype: str = DEFAULTS.dtype  # auto | float32 | bfloat16 | float16
+    memory_headroom: float = DEFAULTS.memory_headroom  # share of available RAM the weights may use
+    gpu_memory_fraction: float = DEFAULTS.gpu_memory_fraction  # share of GPU memory the weights may use
     # Weights split layer by layer across GPUs (transformers' device_map="auto"): device index ->
-    # bytes allowed there. Set by the worker plan when one GPU is too small (aieng.gpus.split_plan).
+    # bytes allowed there. Set by the worker plan when one GPU is too small (aieng.host.gpus.split_plan).
     max_memory: dict[int, int] | None = None
 
     @classmethod

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from aieng import container_limits
+from aieng.host import container_limits
 from aieng.errors import ModelLoadError
 
 GiB = 1024**3

@@ -101,7 +101,7 @@ HOST_MEMORY_TOTAL = Gauge("aieng_host_memory_total_bytes", "Host memory.", multi
 # never takes a reading, and so reported 0 bytes available on a healthy host.
 HOST_MEMORY_AVAILABLE = Gauge("aieng_host_memory_available_bytes", "Host memory available to new allocations.",
                               multiprocess_mode="livemostrecent")
-# Per GPU (device="cuda:N"), summed over the worker processes that use it; aieng.gpus reads them.
+# Per GPU (device="cuda:N"), summed over the worker processes that use it; aieng.host.gpus reads them.
 CUDA_ALLOCATED = Gauge("aieng_cuda_memory_allocated_bytes", "CUDA memory held by tensors, per GPU.", ["device"],
                        multiprocess_mode="livesum")
 CUDA_RESERVED = Gauge("aieng_cuda_memory_reserved_bytes",
@@ -119,7 +119,7 @@ def update_resource_gauges() -> None:
     """Memory gauges for this process (called on scrapes and, throttled, from the engine loop)."""
     import psutil
 
-    from aieng.gpus import memory_snapshot
+    from aieng.host.gpus import memory_snapshot
 
     PROCESS_RESIDENT.set(psutil.Process().memory_info().rss)
     memory = psutil.virtual_memory()

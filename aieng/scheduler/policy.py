@@ -21,18 +21,19 @@ from dataclasses import dataclass, field
 
 from aieng.engine.request import GenerationRequest
 from aieng.scheduler.stats import RequestStats
+from aieng.settings import DEFAULTS
 
 PRIORITIES = {"interactive": 0, "batch": 1}
 
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    max_batch_size: int = 32  # rows decoded together
-    max_batch_tokens: int = 4096  # padded prompt tokens prefilled in one step
-    max_queue: int = 256  # waiting requests; beyond it submit fails with 429
-    max_queue_delay_ms: float = 10.0  # an idle engine waits this long for companions to prefill with
-    aging_ms: float = 2000.0  # waiting this long lifts a request by one priority class
-    default_timeout_s: float = 300.0  # deadline of a request that sets no `timeout`
+    max_batch_size: int = DEFAULTS.max_batch_size  # rows decoded together
+    max_batch_tokens: int = DEFAULTS.max_batch_tokens  # padded prompt tokens prefilled in one step
+    max_queue: int = DEFAULTS.max_queue  # waiting requests; beyond it submit fails with 429
+    max_queue_delay_ms: float = DEFAULTS.max_queue_delay_ms  # an idle engine waits this long for companions
+    aging_ms: float = 2000.0  # waiting this long lifts a request by one priority class (no setting)
+    default_timeout_s: float = DEFAULTS.request_timeout_s  # deadline of a request that sets no `timeout`
     bucket_edges: tuple[int, ...] = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 
     def bucket(self, prompt_tokens: int) -> int:

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Callable
 
 from aieng.errors import ModelNotFoundError, StoreError, VerificationError
-from aieng.hardware import dependency_versions, hardware_profile
+from aieng.host.hardware import dependency_versions, hardware_profile
 from aieng.store.hashing import compare_hashes, hash_tree
 from aieng.store.introspect import inspect_folder
 from aieng.store.manifest import MANIFEST_TMP_PREFIX, Manifest, write_json_atomic

@@ -99,7 +99,7 @@ def generate_alone(model, engine: Engine, prompt_ids: list[list[int]], max_token
 def parity(model, tokenizer, *, compile: bool = False) -> tuple[Engine, list, list]:
     """(the engine, its tokens, generate()'s tokens) for ``PROMPTS``; prompts prefill in chunks of
     at most 4 tokens on the native path. Compiled: warmed up first, as a server does."""
-    engine = Engine(model, tokenizer, config=EngineConfig(compile=compile, prefill_chunk_tokens=4))
+    engine = Engine(model, tokenizer, config=EngineConfig.exact(compile=compile, prefill_chunk_tokens=4))
     if compile:
         engine.warmup()
     ids = [engine.encode(p) for p in PROMPTS]

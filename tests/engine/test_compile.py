@@ -13,9 +13,9 @@ from torch._dynamo.utils import counters
 
 from aieng.engine import SamplingParams
 from aieng.engine import Engine, EngineConfig, GenerationRequest
-from aieng.engine.native_runner import GraphShape
+from aieng.engine.native.runner import GraphShape
 
-EAGER = EngineConfig(compile=False)  # the compiled path has its own tests (test_compile.py)
+EAGER = EngineConfig.exact(compile=False)  # the compiled path has its own tests (test_compile.py)
 
 TASKS = ["reverse: apple stone river", "add: 27+58", "json: name=ana age=31 city=oslo", "sort: river apple stone",
          "reverse: boat door glass milk road", "sort: zoo oak moon king", "add: 3+4", "json: color=red score=7"]
@@ -50,7 +50,7 @@ def run_schedule(engine: Engine, render, seed: int = 0, steps: int = 120) -> dic
 @pytest.fixture(scope="module")
 def compiled_engine(demo):
     model, tokenizer = demo
-    engine = Engine(model, tokenizer, config=EngineConfig(compile=True))
+    engine = Engine(model, tokenizer, config=EngineConfig.exact(compile=True))
     engine.warmup()
     return engine
 
@@ -58,7 +58,7 @@ def compiled_engine(demo):
 @pytest.fixture(scope="module")
 def compiled_hf_engine(demo):
     model, tokenizer = demo
-    engine = Engine(model, tokenizer, config=EngineConfig(compile=True, native=False))
+    engine = Engine(model, tokenizer, config=EngineConfig.exact(compile=True, native=False))
     engine.warmup()
     return engine
 
@@ -167,7 +167,7 @@ def test_a_lone_one_token_prompt_needs_no_new_graph(engine_fixture, request):
 
 def test_compile_failure_falls_back_to_eager_and_keeps_serving(demo, render, caplog):
     model, tokenizer = demo
-    engine = Engine(model, tokenizer, config=EngineConfig(compile=True, native=False))
+    engine = Engine(model, tokenizer, config=EngineConfig.exact(compile=True, native=False))
 
     def broken(**kwargs):
         raise torch._dynamo.exc.Unsupported("this model cannot be traced")  # what a failed trace raises
@@ -183,7 +183,7 @@ def test_compile_failure_falls_back_to_eager_and_keeps_serving(demo, render, cap
 
 def test_native_layer_compile_failure_falls_back_to_eager_and_keeps_serving(demo, render, caplog):
     model, tokenizer = demo
-    engine = Engine(model, tokenizer, config=EngineConfig(compile=True))
+    engine = Engine(model, tokenizer, config=EngineConfig.exact(compile=True))
 
     def broken(*args, **kwargs):
         raise torch._dynamo.exc.Unsupported("this layer cannot be traced")
@@ -200,7 +200,7 @@ def test_native_layer_compile_failure_falls_back_to_eager_and_keeps_serving(demo
 
 def test_past_its_budget_compilation_goes_on_in_the_background_while_the_engine_serves(demo, render):
     model, tokenizer = demo
-    engine = Engine(model, tokenizer, config=EngineConfig(compile=True, compile_budget_s=0.0,
+    engine = Engine(model, tokenizer, config=EngineConfig.exact(compile=True, compile_budget_s=0.0,
                                                           warmup_batch_sizes=(1,), warmup_prompt_lengths=(8,)))
     details = []
     engine.warmup(progress=details.append)
@@ -233,7 +233,7 @@ def test_the_layer_is_traced_once_and_stamped_out_for_every_other_layer(demo):
     layers = 4
     config = LlamaConfig(hidden_size=48, intermediate_size=96, num_hidden_layers=layers, num_attention_heads=4,
                          num_key_value_heads=2, vocab_size=len(tokenizer), max_position_embeddings=128)
-    engine = Engine(LlamaForCausalLM(config).eval(), tokenizer, config=EngineConfig(compile=True, max_rows=4))
+    engine = Engine(LlamaForCausalLM(config).eval(), tokenizer, config=EngineConfig.exact(compile=True, max_rows=4))
     records = _Records()
     channel = logging.getLogger("torch._dynamo.variables.invoke_subgraph")
     channel.addHandler(records)
@@ -260,10 +260,10 @@ def test_the_layer_is_traced_once_and_stamped_out_for_every_other_layer(demo):
     (((1, False), (4, True)), [(1, 0, False), (2, 0, False), (2, 0, True), (2, 1, True), (2, 2, True)]),
 ])
 def test_the_graphs_built_do_not_depend_on_where_the_measured_plan_switches_format(demo, bf16_from, want):
-    from aieng.engine.formats import FormatPlan
+    from aieng.engine.native.formats import FormatPlan
 
     model, tokenizer = demo
-    runner = Engine(model, tokenizer, config=EngineConfig(compile=True)).runner
+    runner = Engine(model, tokenizer, config=EngineConfig.exact(compile=True)).runner
     runner.formats = FormatPlan(bf16_from=bf16_from)
     assert runner.compile_shapes() == want
 
@@ -272,7 +272,7 @@ def test_a_measured_plan_times_the_compiled_one_row_step_in_both_formats(demo, c
     """The eager plan's timings say nothing about the compiled one-row kernel inductor generates:
     with ``auto`` both one-row graphs are built and timed, and the faster one serves."""
     model, tokenizer = demo
-    engine = Engine(model, tokenizer, config=EngineConfig(compile=True, weight_formats="auto"))
+    engine = Engine(model, tokenizer, config=EngineConfig.exact(compile=True, weight_formats="auto"))
     runner = engine.runner
     assert runner.formats.measured and {(1, 0, False), (1, 0, True)} <= set(runner.compile_shapes())
     with caplog.at_level(logging.INFO, logger="aieng.engine"):
@@ -286,7 +286,7 @@ def test_a_measured_plan_times_the_compiled_one_row_step_in_both_formats(demo, c
 
 def test_a_fixed_format_builds_one_graph_for_one_row_and_times_nothing(demo):
     model, tokenizer = demo
-    runner = Engine(model, tokenizer, config=EngineConfig(compile=True, weight_formats="float32")).runner
+    runner = Engine(model, tokenizer, config=EngineConfig.exact(compile=True, weight_formats="float32")).runner
     assert runner.net.layers_bf16 is None and [s for s in runner.compile_shapes() if s.rows == 1] == [(1, 0, False)]
     runner.build_graphs()
     assert runner.timed_one_row_bf16 is None and runner.one_row_bf16 is False
@@ -295,7 +295,7 @@ def test_a_fixed_format_builds_one_graph_for_one_row_and_times_nothing(demo):
 @pytest.mark.parametrize("rows", [24, 6, 7])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_compiled_one_row_product_matches_the_exact_product_without_rounding_the_input(rows, dtype):
-    from aieng.engine.native_llama import linear
+    from aieng.engine.native.llama import linear
 
     torch.manual_seed(0)
     x, weight = torch.randn(1, 48), torch.randn(rows, 48).to(dtype)
@@ -307,7 +307,7 @@ def test_the_compiled_one_row_product_matches_the_exact_product_without_rounding
 
 def test_without_compilation_a_measured_plan_keeps_a_bf16_copy_only_if_it_uses_bf16(demo):
     model, tokenizer = demo
-    runner = Engine(model, tokenizer, config=EngineConfig(compile=False, weight_formats="auto")).runner
+    runner = Engine(model, tokenizer, config=EngineConfig.exact(compile=False, weight_formats="auto")).runner
     assert runner.formats.measured
     assert (runner.net.layers_bf16 is not None) == runner.formats.uses_bf16
 
@@ -316,7 +316,7 @@ def test_a_second_engine_of_the_same_layout_shares_the_graphs_and_compiles_nothi
     """What a hot swap between versions of one architecture relies on: the new engine's warm-up
     reuses the serving engine's compiled stack (weights are inputs), and answers the same."""
     model, tokenizer = demo
-    second = Engine(model, tokenizer, config=EngineConfig(compile=True), replacing=compiled_engine)
+    second = Engine(model, tokenizer, config=EngineConfig.exact(compile=True), replacing=compiled_engine)
     assert second.shared_graphs
     counters.clear()
     second.warmup()
@@ -325,9 +325,9 @@ def test_a_second_engine_of_the_same_layout_shares_the_graphs_and_compiles_nothi
     prompts = [render("reverse: abcd"), render("add: 12+30")]
     assert second.generate(prompts, params) == compiled_engine.generate(prompts, params)
     other_model, other_tokenizer = qwen
-    other = Engine(other_model, other_tokenizer, config=EngineConfig(compile=True), replacing=compiled_engine)
+    other = Engine(other_model, other_tokenizer, config=EngineConfig.exact(compile=True), replacing=compiled_engine)
     assert not other.shared_graphs  # another layout keeps graphs of its own
-    assert Engine(model, tokenizer, config=EngineConfig(compile=True)).shared_graphs is False
+    assert Engine(model, tokenizer, config=EngineConfig.exact(compile=True)).shared_graphs is False
 
 
 def test_a_successor_of_a_measured_engine_takes_its_formats_and_measures_nothing(demo, caplog):
@@ -337,7 +337,7 @@ def test_a_successor_of_a_measured_engine_takes_its_formats_and_measures_nothing
     the layouts differed and nothing was shared. The successor now takes the plan, the one-row
     choice and the copy's absence from the engine it replaces."""
     model, tokenizer = demo
-    config = EngineConfig(compile=True, weight_formats="auto")
+    config = EngineConfig.exact(compile=True, weight_formats="auto")
     serving = Engine(model, tokenizer, config=config)
     serving.warmup()
     runner = serving.runner
@@ -357,16 +357,16 @@ def test_a_successor_of_a_measured_engine_takes_its_formats_and_measures_nothing
 def test_engines_sharing_one_kv_cache_through_a_swap_run_the_graphs_they_have(compiled_engine, demo, render):
     """The old engine's cache becomes a view of the top slots (an offset into the allocation),
     the successor's a view of the bottom ones, then the whole: no step of either compiles."""
-    from aieng.engine.succession import hand_over_cache, reclaim_cache, take_cache
+    from aieng.engine.native.succession import hand_over_cache, reclaim_cache, take_cache
 
     model, tokenizer = demo
     params = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
     prompts = [tokenizer.encode(render(t)) for t in TASKS[:6]]
     want = [r.token_ids for r in compiled_engine.generate(prompts, params)]
     counters.clear()  # from here, warm-ups included, nothing compiles
-    old = Engine(model, tokenizer, config=EngineConfig(compile=True), replacing=compiled_engine)
+    old = Engine(model, tokenizer, config=EngineConfig.exact(compile=True), replacing=compiled_engine)
     old.warmup()
-    new = Engine(model, tokenizer, config=EngineConfig(compile=True), replacing=old, kv_from_replaced=True)
+    new = Engine(model, tokenizer, config=EngineConfig.exact(compile=True), replacing=old, kv_from_replaced=True)
     new.warmup()  # on a scratch cache, its graphs for the rows it will hold (not the 0 it holds now)
     done, first = {}, [GenerationRequest(f"p{i}", list(p), params) for i, p in enumerate(prompts[:3])]
     for event in old.step(first).events + old.step().events:

@@ -8,8 +8,8 @@ import logging
 import pytest
 import torch
 
-from aieng.engine import formats
-from aieng.engine.formats import measure_format_plan
+from aieng.engine.native import formats
+from aieng.engine.native.formats import measure_format_plan
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from aieng.engine import kernels
+from aieng.engine.native import kernels
 from aieng.engine import Engine, EngineConfig, GenerationRequest, SamplingParams
 
 
@@ -111,7 +111,7 @@ def test_without_a_compiler_the_engine_serves_with_pytorch_attention(demo, monke
 
 
 def test_kv_cache_dtype_auto_is_bf16_only_where_the_one_row_step_streams_bf16_and_the_kernel_reads_it():
-    from aieng.engine.slots import kv_dtype
+    from aieng.engine.native.slots import kv_dtype
     from aieng.errors import AiengError
 
     fp32 = torch.float32

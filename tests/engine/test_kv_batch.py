@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from aieng.engine.kv_batch import KVBatch, left_pad
+from aieng.engine.hf.kv_batch import KVBatch, left_pad
 
 HEADS, HEAD_DIM, LAYERS = 2, 3, 2
 

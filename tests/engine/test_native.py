@@ -7,7 +7,7 @@ import torch
 
 from aieng.engine import Engine, EngineConfig, GenerationRequest, SamplingParams
 from aieng.engine.reference import reference_greedy
-from aieng.engine.slots import SlotKVCache, SlotShape, plan_slots
+from aieng.engine.native.slots import SlotKVCache, SlotShape, plan_slots
 from aieng.errors import AiengError
 
 PROMPTS = ["reverse: apple stone river", "add: 27+58", "json: name=ana age=31 city=oslo", "sort: river apple stone"]
@@ -31,7 +31,7 @@ def greedy_reference(engine, model, prompts, n):
 @pytest.mark.parametrize("chunk", [3, 256])
 def test_chunked_prefill_gives_generate_s_tokens(arch, chunk, request, render):
     model, tokenizer = request.getfixturevalue(arch)
-    engine = Engine(model, tokenizer, config=EngineConfig(compile=False, prefill_chunk_tokens=chunk))
+    engine = Engine(model, tokenizer, config=EngineConfig.exact(compile=False, prefill_chunk_tokens=chunk))
     assert type(engine.runner).__name__ == "NativeRunner"
     prompts = [render(p) for p in PROMPTS] + [render("reverse: " + " ".join(["stone"] * 12))]
     got = engine.generate(prompts, SamplingParams(max_tokens=16, temperature=0, ignore_eos=arch != "demo"))
@@ -54,7 +54,7 @@ def assert_greedy_up_to_ties(model, prompt_ids, generated, tolerance=1e-4):
 
 def test_a_long_prompt_joins_in_chunks_while_running_rows_keep_decoding(demo, render):
     model, tokenizer = demo
-    engine = Engine(model, tokenizer, config=EngineConfig(compile=False, prefill_chunk_tokens=8))
+    engine = Engine(model, tokenizer, config=EngineConfig.exact(compile=False, prefill_chunk_tokens=8))
     params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
     running = [GenerationRequest(f"r{i}", engine.encode(render(p)), params) for i, p in enumerate(PROMPTS[:2])]
     engine.prefill(running)
@@ -142,7 +142,7 @@ def test_bf16_weights_for_small_steps_stay_close_to_fp32(demo, render):
     model, tokenizer = demo
     prompts = [render(p) for p in PROMPTS]
     params = SamplingParams(max_tokens=16, temperature=0)
-    fp32 = Engine(model, tokenizer, config=EngineConfig(compile=False)).generate(prompts, params)
+    fp32 = Engine(model, tokenizer, config=EngineConfig.exact(compile=False)).generate(prompts, params)
     bf16_engine = Engine(model, tokenizer, config=EngineConfig(compile=False, weight_formats="bfloat16"))
     assert bf16_engine.runner.net.layers_bf16[0].qkv.dtype == torch.bfloat16
     bf16 = bf16_engine.generate(prompts, params)
@@ -150,7 +150,7 @@ def test_bf16_weights_for_small_steps_stay_close_to_fp32(demo, render):
 
 
 def test_the_format_plan_is_measured_per_step_size_and_picks_by_token_count(demo):
-    from aieng.engine.formats import TOKEN_COUNTS, FormatPlan, measure_format_plan
+    from aieng.engine.native.formats import TOKEN_COUNTS, FormatPlan, measure_format_plan
 
     model, _ = demo
     measured = measure_format_plan(model, repeats=1)

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from aieng.engine import Engine, EngineConfig
-from aieng.engine import packed_weights
-from aieng.engine.onednn_caches import CAPACITY, VARIABLES, bound_onednn_caches
+from aieng.engine.native import packed_weights
+from aieng.engine.native.onednn_caches import CAPACITY, VARIABLES, bound_onednn_caches
 
 # A fresh process (oneDNN reads the bounds at its first multiply) packs four fp32 matrices of the
 # smollm2-135m shape and multiplies every row count from 1 to 149 through them, one thread.
@@ -18,9 +18,9 @@ _GROWTH_SCRIPT = """
 import sys, psutil, torch
 torch.set_num_threads(1)
 if sys.argv[1] == "bounded":
-    from aieng.engine.onednn_caches import bound_onednn_caches
+    from aieng.engine.native.onednn_caches import bound_onednn_caches
     bound_onednn_caches()
-from aieng.engine import packed_weights
+from aieng.engine.native import packed_weights
 weights = [torch.randn(o, i) * 0.02 for o, i in [(960, 576), (576, 576), (3072, 576), (576, 1536)]]
 for w in weights:
     packed_weights.pack(w)

@@ -8,9 +8,9 @@ import torch
 import torch.nn.functional as F
 
 from aieng.engine import Engine, EngineConfig, SamplingParams
-from aieng.engine import packed_weights
-from aieng.engine.formats import FormatPlan, format_plan, plan_from_timings
-from aieng.engine.native_llama import linear
+from aieng.engine.native import packed_weights
+from aieng.engine.native.formats import FormatPlan, format_plan, plan_from_timings
+from aieng.engine.native.llama import linear
 from aieng.errors import ConfigError
 
 pytestmark = pytest.mark.skipif(not packed_weights.supports(torch.float32), reason="no oneDNN packed linear here")

@@ -7,7 +7,7 @@ from aieng.engine import Engine, EngineConfig
 from aieng.engine.parity import parity_report
 from aieng.engine.reference import reference_greedy
 
-EAGER = EngineConfig(compile=False)  # the compiled path has its own tests (test_compile.py)
+EAGER = EngineConfig.exact(compile=False)  # parity is checked in fp32; the compiled path has its own tests
 
 PROMPTS = ["reverse: apple stone river", "add: 27+58", "json: name=ana age=31 city=oslo", "sort: river apple stone"]
 

@@ -1,4 +1,4 @@
-from aieng.hardware import dependency_versions, hardware_profile, matmul_gflops
+from aieng.host.hardware import dependency_versions, hardware_profile, matmul_gflops
 
 
 def test_profile_and_versions_describe_this_host():

@@ -2,7 +2,7 @@
 
 import pytest
 
-from aieng.release.canary import CanaryThresholds, compare
+from aieng.release.canary_rollout import CanaryThresholds, compare
 from aieng.release.decision import Window
 
 STABLE = Window(seconds=60, requests=500, errors=0, early_eos=10, latency_p99_s=0.40, ttft_p99_s=0.10)

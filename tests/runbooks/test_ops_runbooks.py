@@ -3,7 +3,7 @@
 import pytest
 from papermill.exceptions import PapermillExecutionError
 
-from aieng.runbooks import execute
+from aieng.workbook.runbooks import execute
 from aieng.bench.server_process import ServerProcess
 
 pytestmark = pytest.mark.slow

@@ -4,7 +4,7 @@ import nbformat
 import pytest
 from papermill.exceptions import PapermillExecutionError
 
-from aieng.runbooks import execute
+from aieng.workbook.runbooks import execute
 from aieng.store import ModelRef, ModelStore
 
 pytestmark = pytest.mark.slow

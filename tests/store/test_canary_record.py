@@ -4,7 +4,7 @@ import pytest
 
 from aieng.errors import AiengError, ModelNotFoundError
 from aieng.store import ModelStore
-from aieng.store.canary import canary_path, clear_canary, read_canary, set_canary
+from aieng.store.canary_record import canary_path, clear_canary, read_canary, set_canary
 
 
 @pytest.fixture

@@ -29,7 +29,7 @@ from aieng.server.http.request_log import log_finished
 from aieng.server.http.schemas import (ChatCompletionRequest, ChatCompletionResponse, CompletionRequest,
                                        CompletionResponse, ModelCard, ModelList, Usage)
 from aieng.server.http.sse import stream_chunks
-from aieng.server.process.canary import pick
+from aieng.server.process.canary_serving import pick
 
 CLIENT_CLOSED_REQUEST = 499  # nginx's code for "the client went away"; nobody reads the body
 

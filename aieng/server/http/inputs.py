@@ -33,7 +33,7 @@ class RequestBuilder:
         self.constraints = engine.constraints  # grammars, compiled once per constraint
         # n choices take n rows: never more than the batch holds, and not the rows held now: a hot
         # swap's new engine starts with none of the KV memory and grows into what it planned.
-        self.max_rows = max(engine.max_rows, getattr(engine.runner, "planned_rows", 0))
+        self.max_rows = max(engine.max_rows, engine.planned_rows)
         self.vocab_size = engine.model.config.vocab_size
 
     async def completion(self, body: CompletionRequest) -> GenerationRequest:

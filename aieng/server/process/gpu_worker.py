@@ -1,14 +1,14 @@
 """A worker on a GPU host: its own GPU, its share of that GPU's memory, a KV budget measured there.
 
 - **Pinning.** gunicorn's ``pre_fork`` hook (in the master, before each fork) gives the new
-  worker the GPU the fewest live workers hold (``aieng.gpus.assign_slot``); the worker then
+  worker the GPU the fewest live workers hold (``aieng.host.gpus.assign_slot``); the worker then
   serves on ``cuda:<index>``. A replaced worker's GPU goes to its replacement. With the weights
-  split across GPUs (``aieng.gpus.split_plan``) one worker holds them all and is not pinned.
+  split across GPUs (``aieng.host.gpus.split_plan``) one worker holds them all and is not pinned.
 - **Memory fraction.** Applied per process (``torch.cuda.set_per_process_memory_fraction``) on
   every GPU the worker uses, before anything is allocated there.
 - **KV budget.** After the weights load, one probe forward at the largest prefill the engine will
   run measures the activation peak; the static KV cache gets what is left of the fraction
-  (``aieng.gpus.kv_budget``), less room for a second copy of the weights when hot swaps are on (a
+  (``aieng.host.gpus.kv_budget``), less room for a second copy of the weights when hot swaps are on (a
   swap loads the next version beside this one and hands it this KV cache), and the engine admits
   only as many rows as that holds.
 
@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 
-from aieng.gpus import apply_memory_fraction, assign_slot, measure_kv_budget, pinned_device
+from aieng.host.gpus import apply_memory_fraction, assign_slot, measure_kv_budget, pinned_device
 
 log = logging.getLogger("aieng.server")
 

@@ -17,7 +17,7 @@ The steps, each of which leaves the old version serving if it fails:
 
 Memory during a swap is the two versions' weights and **one** KV cache: the new engine is built
 without a cache and, at the switch, takes the slots the old one's requests do not need; when the
-old one has finished, it grows over the whole cache (``aieng.engine.succession``). Afterwards one
+old one has finished, it grows over the whole cache (``aieng.engine.native.succession``). Afterwards one
 version's weights and the cache, as before the swap.
 
 **Several workers end on the same version** because none of them is told a version: each
@@ -45,13 +45,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from aieng.engine import Engine
-from aieng.engine.succession import (CacheHandover, awaits_kv_cache, hand_over_cache, own_cache, reclaim_cache,
+from aieng.engine.native.succession import (CacheHandover, awaits_kv_cache, hand_over_cache, own_cache, reclaim_cache,
                                       take_cache)
 from aieng.errors import AiengError
 from aieng.loading.loader import load_version
 from aieng.observability import metrics
 from aieng.observability.logs import set_service
-from aieng.server.process.canary import CanaryKeeper
+from aieng.server.process.canary_serving import CanaryKeeper
 from aieng.server.process.model_threads import run_on_own_thread
 from aieng.server.process.serving import Serving
 from aieng.store import ModelRef, ModelStore

@@ -99,7 +99,7 @@ class Runtime:
         self.progress = progress or StartupProgress()  # the phase a starting process is in; /health/ready shows it
         self.canary: Serving | None = None  # the version served beside `serving` to a share of requests
         self.canary_weight = 0.0
-        self.gpu_split = None  # aieng.gpus.SplitPlan when the weights span several GPUs (set before fork)
+        self.gpu_split = None  # aieng.host.gpus.SplitPlan when the weights span several GPUs (set before fork)
         self.worker_plan = None  # aieng serve's WorkerPlan (set before fork): logged with the engine's choices
         self.swapper = HotSwapper(self)  # follows the store's `current` and canary record (hot_swap.py, canary.py)
 
@@ -127,7 +127,7 @@ class Runtime:
     def _build_kernels(self) -> None:
         """aieng's CPU decode-attention kernel, built (first start on a host: ~15 s) and loaded in the
         master, so the workers find it built instead of each compiling it at once."""
-        from aieng.engine import kernels
+        from aieng.engine.native import kernels
         from aieng.engine.serving_path import serving_path
 
         engine = self.config.engine

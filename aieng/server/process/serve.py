@@ -16,8 +16,8 @@ from dataclasses import replace
 
 from gunicorn.app.base import BaseApplication
 
-from aieng.engine.onednn_caches import bound_onednn_caches
-from aieng.gpus import default_alloc_conf, fork_safe_cuda_checks
+from aieng.engine.native.onednn_caches import bound_onednn_caches
+from aieng.host.gpus import default_alloc_conf, fork_safe_cuda_checks
 from aieng.observability.logs import log_event
 from aieng.server.process import gpu_worker
 from aieng.server.http.app import create_app

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from aieng import container_limits
+from aieng.host import container_limits
 from aieng.errors import ConfigError
 
 PER_WORKER_OVERHEAD = 384 * 2**20  # interpreter, tokenizer, HTTP stack, allocator slack
@@ -43,7 +43,7 @@ class WorkerPlan:
     torch_threads: int  # per worker
     reason: str
     gpus: int = 0  # visible GPUs when serving on CUDA: worker i is pinned to cuda:i (gpu_worker.py)
-    split: object = None  # aieng.gpus.SplitPlan, only when the weights span several GPUs of one worker
+    split: object = None  # aieng.host.gpus.SplitPlan, only when the weights span several GPUs of one worker
 
 
 def plan_workers(*, cores: int, available_bytes: int, weight_bytes: int, per_worker_bytes: int,
@@ -51,7 +51,7 @@ def plan_workers(*, cores: int, available_bytes: int, weight_bytes: int, per_wor
                  preload: bool = True, gpus_per_worker: int = 1) -> WorkerPlan:
     """Workers and threads per worker for ``requested`` ("auto" or a count). On CUDA, worker *i*
     is pinned to GPU *i* (``gpu_worker.py``); ``gpus_per_worker`` > 1 when the weights are split
-    across GPUs (``aieng.gpus.split_plan``), and then one worker serves them all."""
+    across GPUs (``aieng.host.gpus.split_plan``), and then one worker serves them all."""
     cores = max(1, cores)
     if requested != "auto":
         workers = int(requested)
@@ -125,11 +125,11 @@ def memory_needs(settings, loaded) -> MemoryNeeds:
 
     packed_bytes = 0
     if settings.weight_formats == "auto" and loaded.dtype == torch.float32 and loaded.device.type == "cpu":
-        # Each worker may pack its own copies for the large steps (engine/packed_weights.py): of the
+        # Each worker may pack its own copies for the large steps (engine/native/packed_weights.py): of the
         # fp32 and the bf16 matrices, at most
         packed_bytes = params * 6
     if settings.weight_formats != "float32" and loaded.dtype == torch.float32 and loaded.device.type == "cpu":
-        weight_bytes += params * 2  # the bf16 copy small steps run in (engine/formats.py), at most
+        weight_bytes += params * 2  # the bf16 copy small steps run in (engine/native/formats.py), at most
     return MemoryNeeds(weight_bytes, kv_bytes, PER_WORKER_OVERHEAD + kv_bytes + packed_bytes)
 
 
@@ -167,11 +167,11 @@ def plan_for_model(settings, loaded) -> WorkerPlan:
 
 def gpu_split(settings, gpus: int):
     """On CUDA with ``device`` auto/cuda: whether the weights fit on one GPU or must be split
-    (``aieng.gpus.split_plan``), from the manifest's parameter count and the cards' totals
+    (``aieng.host.gpus.split_plan``), from the manifest's parameter count and the cards' totals
     (read without a CUDA context in this process). None off CUDA or with a pinned ``cuda:N``."""
     if not gpus or settings.device not in ("auto", "cuda"):
         return None
-    from aieng.gpus import gpu_totals, split_plan
+    from aieng.host.gpus import gpu_totals, split_plan
     from aieng.store import ModelStore, parse_ref
 
     ref = parse_ref(settings.model)
@@ -183,6 +183,6 @@ def gpu_split(settings, gpus: int):
 
 def kv_cache_bytes(config, context_length: int, rows: int, element_bytes: int) -> int:
     """Keys and values of every layer for ``rows`` sequences of ``context_length`` tokens."""
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-    return 2 * config.num_hidden_layers * kv_heads * head_dim * context_length * rows * element_bytes
+    from aieng.model_facts import kv_bytes_per_token
+
+    return kv_bytes_per_token(config, element_bytes) * context_length * rows

@@ -9,8 +9,8 @@ import httpx
 import pytest
 
 from aieng.release.reload import worker_canaries, worker_versions
-from aieng.server.process.canary import assigned_to_canary
-from aieng.store.canary import clear_canary, set_canary
+from aieng.server.process.canary_serving import assigned_to_canary
+from aieng.store.canary_record import clear_canary, set_canary
 
 
 def test_the_split_follows_the_weight_and_raising_it_only_moves_sessions_to_the_canary():
@@ -131,7 +131,7 @@ EVAL = {"suite": "demo-heldout-v1", "n_per_family": 50,
 def test_release_canary_promotes_a_healthy_version_and_rolls_back_a_wrong_one(server, store, monkeypatch, tmp_path,
                                                                               demo_model_dir):
     from aieng.demo.degrade import perturbed_copy
-    from aieng.release.canary import run_canary
+    from aieng.release.canary_rollout import run_canary
     from aieng.store import ModelRef
 
     monkeypatch.setenv("AIENG_ADMIN_TOKEN", "test-admin-token")
@@ -169,7 +169,7 @@ def test_release_canary_promotes_a_healthy_version_and_rolls_back_a_wrong_one(se
 @pytest.mark.slow
 def test_release_canary_judges_by_prometheus_when_given_one_and_prints_its_promql(server, store, monkeypatch,
                                                                                  demo_model_dir, prometheus):
-    from aieng.release.canary import run_canary
+    from aieng.release.canary_rollout import run_canary
     from aieng.release.sources import PrometheusMetrics
     from aieng.store import ModelRef
 
@@ -195,7 +195,7 @@ def test_release_canary_judges_by_prometheus_when_given_one_and_prints_its_promq
 
 @pytest.mark.slow
 def test_the_canary_runbook_dry_runs_then_releases(server, store, monkeypatch, tmp_path, demo_model_dir):
-    from aieng.runbooks import execute
+    from aieng.workbook.runbooks import execute
     from aieng.store import ModelRef
 
     monkeypatch.setenv("AIENG_ADMIN_TOKEN", "test-admin-token")

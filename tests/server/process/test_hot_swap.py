@@ -232,7 +232,7 @@ async def _load_until(base_url, stop, records):
 
 
 def test_the_runbooks_hot_swap_the_running_server(server, store, monkeypatch, tmp_path):
-    from aieng.runbooks import execute
+    from aieng.workbook.runbooks import execute
 
     monkeypatch.setenv("AIENG_ADMIN_TOKEN", TOKEN)
     params = {"name": "demo", "store": str(store.root), "dry_run": False, "server_url": server.base_url}

@@ -72,7 +72,7 @@ def test_explicit_count_and_bad_count():
 @pytest.mark.parametrize("formats, copies", [("float32", (0, 0)), ("bfloat16", (2, 0)), ("auto", (2, 6))])
 def test_memory_needs_count_the_weight_copies_the_formats_may_make(formats, copies):
     """A bf16 copy (made once, before the workers fork) and, with ``auto``, the packed copies of
-    the fp32 and bf16 matrices each worker may make for itself (engine/packed_weights.py)."""
+    the fp32 and bf16 matrices each worker may make for itself (engine/native/packed_weights.py)."""
     from types import SimpleNamespace
 
     import torch

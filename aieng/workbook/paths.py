@@ -11,7 +11,7 @@ from pathlib import Path
 
 from aieng.store import ModelRef, ModelStore
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
 def store_root() -> Path:

@@ -32,7 +32,7 @@ from aieng.release.promotion import judge, promote
 from aieng.release.reload import admin_reload, reload_server, worker_canaries, worker_versions
 from aieng.release.sources import PrometheusMetrics, ServerMetrics, promql
 from aieng.store import ModelStore
-from aieng.store.canary import clear_canary, set_canary
+from aieng.store.canary_record import clear_canary, set_canary
 
 
 ACTOR = "aieng release canary"

@@ -15,15 +15,22 @@ from collections.abc import Sequence
 
 import torch
 
-from aieng.engine.compiled import CompiledForward
+from aieng.engine.hf.compiled import CompiledForward
 from aieng.engine.hf_model import cache_kwarg
-from aieng.engine.kv_batch import KVBatch, left_pad
+from aieng.engine.hf.kv_batch import KVBatch, left_pad
 from aieng.engine.oom import bisect_on_oom
-from aieng.engine.runner import Chunk, StepLogits
+from aieng.engine.decisions import dtype_name
+from aieng.engine.runner import Chunk, RunnerChoices, StepLogits
 
 
 class HFRunner:
+    """``runner.Runner`` on transformers' own forward (see the module doc)."""
+
+    kind = "transformers"
     chunked = False
+    path_reason = "transformers' own forward"
+    awaits_cache = False  # its cache grows with the rows in flight: a hot swap hands nothing over
+    shared_graphs = False
 
     def __init__(self, model, *, pad_id: int, max_rows: int, compile: bool):
         self.model = model
@@ -48,8 +55,34 @@ class HFRunner:
             return "failed"
         return "compiled" if self.forward_fn.active else "eager"
 
+    @property
+    def planned_rows(self) -> int:
+        return self.max_rows
+
+    @property
+    def compiling_inline(self) -> bool:
+        return self.forward_fn.compiling
+
+    def compile_counts(self) -> dict[str, int]:
+        return {"rewarms": self.forward_fn.rewarms, "compile_fallbacks": self.forward_fn.fallbacks}
+
     def wait_for_compile(self, timeout: float | None = None) -> None:
         pass  # compiles in the calling thread
+
+    def warm_up(self, run_shapes, shapes, progress, *, budget_s: float | None, compile: bool) -> None:
+        """The shapes through the compiled whole-model forward (that *is* the compilation), then
+        guard evaluation off for the warmed graphs (``CompiledForward.mark_warm``)."""
+        run_shapes(shapes, "compiling the forward" if self.compiled else "eager")
+        if self.compiled:
+            self.forward_fn.mark_warm()
+
+    def describe(self, config) -> RunnerChoices:
+        dtype = dtype_name(next(self.model.parameters()).dtype)
+        weights = "int8 dynamic (AIENG_INT8=1)" if config.quantize_int8 else f"{dtype} as loaded"
+        return RunnerChoices(weights, f"{dtype}, transformers' dynamic cache, up to {self.max_rows} rows",
+                             "grows with each row's tokens; the native forward's static cache needs its own forward",
+                             "the model's own attention",
+                             "on: the whole forward, built at warm-up" if config.compile else "off (AIENG_COMPILE=0)")
 
     def admit(self, request_id: str) -> None:
         pass

@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from pathlib import Path
 
-RUNBOOKS_DIR = Path(__file__).resolve().parent.parent / "runbooks"
+RUNBOOKS_DIR = Path(__file__).resolve().parents[2] / "runbooks"
 
 
 def execute(runbook: str | Path, parameters: dict, *, runs_dir: Path | None = None, kernel_name: str = "python3",

@@ -14,43 +14,29 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
 
 import torch
 
-from aieng.engine import kernels
-from aieng.engine.runner_choice import head_dim as config_head_dim
-from aieng.engine.formats import FormatPlan, bf16_wins, interleaved_medians
-from aieng.engine.compile_marks import compile_settings, mark_cache_dynamic
-from aieng.engine.native_llama import AttentionPlan, NativeLlama, causal_decode_mask
+from aieng.engine.native import graphs, kernels
+from aieng.engine.native.compile_marks import mark_cache_dynamic
+from aieng.engine.native.formats import FormatPlan
+from aieng.engine.native.graphs import GraphShape
+from aieng.engine.native.llama import AttentionPlan, NativeLlama, causal_decode_mask
 from aieng.engine.oom import is_out_of_memory, release_cached_memory
-from aieng.engine.runner import Chunk, StepLogits
-from aieng.engine.slots import SlotKVCache, SlotShape, kv_dtype, plan_slots
+from aieng.engine.decisions import dtype_name, kv_why, setting_said
+from aieng.engine.runner import Chunk, RunnerChoices, StepLogits
+from aieng.model_facts import head_dim
+from aieng.engine.native.slots import SlotKVCache, SlotShape, kv_dtype, plan_slots
 
 log = logging.getLogger("aieng.engine")
 
 
-class GraphShape(NamedTuple):
-    """A compiled graph of the decoder stack: ``rows`` decode rows (1, or 2 standing for any count
-    from 2), ``chunks`` prompt chunks in the same step (0, 1, or 2 for any count from 2: torch
-    specialises sizes 0 and 1, so each is a graph of its own) and the weights' format."""
-
-    rows: int
-    chunks: int
-    bf16: bool
-
-    @classmethod
-    def of(cls, rows: int, chunks: int, bf16: bool) -> "GraphShape":
-        return cls(min(rows, 2), min(chunks, 2), bf16)
-
-    def describe(self) -> str:
-        rows = "1 decode row" if self.rows == 1 else "2+ decode rows"
-        chunks = ["", " and a prompt chunk", " and 2+ prompt chunks"][self.chunks]
-        return f"{rows}{chunks}, {'bf16' if self.bf16 else 'fp32'} weights"
-
-
 class NativeRunner:
+    """``runner.Runner`` on the native forward (see the module doc)."""
+
+    kind = "native"
     chunked = True
+    path_reason = "the native forward implements every option of this config"
 
     def __init__(self, model, *, context_length: int, max_rows: int, kv_cache_bytes: int,
                  formats: FormatPlan, compile_layers: bool, decode_attention: str = "auto",
@@ -69,7 +55,7 @@ class NativeRunner:
         if graphs_from is not None:
             bf16_copy = graphs_from.net.layers_bf16 is not None
         decode_kernel = (decode_attention == "auto" and self.device.type == "cpu"
-                         and kernels.supports(config_head_dim(model.config))
+                         and kernels.supports(head_dim(model.config))
                          and kernels.load() is None)
         packed_from = formats.packed_from if self.device.type == "cpu" else 0
         self.net = NativeLlama(model, bf16_copy=bf16_copy, compile_layers=compile_layers, decode_kernel=decode_kernel,
@@ -109,7 +95,7 @@ class NativeRunner:
         # are built.
         self.compiled_ready = compile_layers
         self.compile_failed = False
-        self._compile_thread: threading.Thread | None = None
+        self.compile_thread: threading.Thread | None = None
         self.oom_splits = {"prefill": 0, "decode": 0}  # forwards retried in halves after running out of memory
         self.steps_by_graph: Counter[GraphShape | None] = Counter()  # forwards run per graph (None: eagerly)
 
@@ -117,6 +103,25 @@ class NativeRunner:
     @property
     def max_rows(self) -> int:
         return self.cache.slots
+
+    @property
+    def compiling_inline(self) -> bool:
+        return False  # steps never compile: shapes without a graph run eagerly (``_graph_for``)
+
+    def compile_counts(self) -> dict[str, int]:
+        return {"rewarms": 0, "compile_fallbacks": int(self.compile_failed)}
+
+    def describe(self, config) -> RunnerChoices:
+        one_row = "bf16" if self.one_row_bf16 else "fp32"
+        weights = (f"{self.formats.describe()}; one-row steps in {one_row} "
+                   f"({setting_said('AIENG_WEIGHT_FORMATS', config.weight_formats)})")
+        cache, kernel = self.cache, self.net.dims.decode_kernel
+        kv_bytes = cache.shape.bytes_per_token() * (cache.capacity + 1) * self.planned_rows
+        kv = f"{dtype_name(cache.shape.dtype)}, {self.planned_rows} rows x {cache.capacity} tokens ({kv_bytes / 2**20:.0f} MiB)"
+        return RunnerChoices(weights, kv, kv_why(config, cache.shape.dtype, self.net.dtype, kernel),
+                             "aieng's CPU kernel" if kernel else "PyTorch SDPA",
+                             "on: the decoder layer, one graph per step shape, built at warm-up" if config.compile
+                             else "off (AIENG_COMPILE=0)")
 
     @property
     def one_row_bf16(self) -> bool:
@@ -137,8 +142,8 @@ class NativeRunner:
         return "compiled" if self.compiled_ready else "compiling"
 
     def wait_for_compile(self, timeout: float | None = None) -> None:
-        if self._compile_thread is not None:
-            self._compile_thread.join(timeout)
+        if self.compile_thread is not None:
+            self.compile_thread.join(timeout)
 
     def admit(self, request_id: str) -> None:
         self.cache.acquire(request_id)
@@ -294,107 +299,17 @@ class NativeRunner:
             self.compile_failed = True
             return self.net.hidden(plan, self.cache, *tokens, bf16=bf16, compiled=False)
 
-    # -- compilation ---------------------------------------------------------------------------
+    # -- compilation (graphs.py) ----------------------------------------------------------------
     @functools.cached_property
     def graph_shapes(self) -> frozenset[GraphShape]:
         """``compile_shapes`` as a set, for the per-step lookup (the plan is fixed at start-up)."""
         return frozenset(self.compile_shapes())
 
     def compile_shapes(self) -> list[GraphShape]:
-        """The graphs serving uses, most used first:
-        - one decode row, in the one format build_graphs times (both, when the plan is measured);
-        - 2+ decode rows, in each format the plan uses from 2 tokens;
-        - 2+ decode rows beside one prompt chunk, and beside several, in each format the plan uses
-          from 4 tokens (2 rows and a chunk of 2): the steps of a busy server, where streams keep
-          decoding while others join.
-        A graph is dynamic in its sizes, so each is built at the smallest step it serves whatever
-        count its format starts at: the measured plan moves between restarts, and a graph built at
-        the plan's own threshold would miss the compile cache. Steps with no graph run eagerly."""
-        if self.formats.measured and self.net.layers_bf16 is not None:
-            shapes = [GraphShape(1, 0, False), GraphShape(1, 0, True)]  # build_graphs keeps the faster
-        else:
-            shapes = [GraphShape(1, 0, self.one_row_bf16)]
-        thresholds = [count for count, _ in self.formats.bf16_from]
-        rows = self.planned_rows
-        if rows >= 2:
-            for bf16 in self._formats_from(2, [c for c in thresholds if 2 < c <= rows]):
-                shapes.append(GraphShape(2, 0, bf16))
-        for chunks in (1, 2):
-            if rows >= 2 + chunks:
-                for bf16 in self._formats_from(4, [c for c in thresholds if c > 4]):
-                    shapes.append(GraphShape(2, chunks, bf16))
-        return shapes
+        return graphs.compile_shapes(self)
 
-    def _formats_from(self, smallest: int, thresholds: list[int]) -> list[bool]:
-        return list(dict.fromkeys(self.formats.use_bf16(count) for count in [smallest] + thresholds))
-
-    @torch.inference_mode()
     def build_graphs(self, progress: Callable[[str], None] = lambda detail: None) -> float:
-        """Compile the stack for every shape serving uses, on a scratch cache (any thread may call this)."""
-        if self.net.compiled_stack is None:
-            return 0.0
-        start = time.perf_counter()
-        shapes = self.compile_shapes()
-        slots = max(shape.rows + shape.chunks for shape in shapes)
-        scratch = SlotKVCache(self.cache.shape, slots=slots, capacity=64, device=self.device)
-        mark_cache_dynamic(scratch)
-        for i, shape in enumerate(shapes, 1):
-            progress(f"compiling the decoder layer: {shape.describe()} ({i}/{len(shapes)})")
-            for size in (6, 7):  # two sizes, so the graph is built with symbolic lengths
-                with compile_settings():
-                    self._scratch_step(scratch, shape, size)
-        if GraphShape(1, 0, False) in shapes and GraphShape(1, 0, True) in shapes and self.timed_one_row_bf16 is None:
-            self.timed_one_row_bf16 = self._faster_one_row_format(scratch)
-        if not self.one_row_bf16 and not self.formats.uses_bf16:
-            self.net.layers_bf16 = None  # no step uses the copy: give its memory back
-        return time.perf_counter() - start
+        return graphs.build_graphs(self, progress)
 
-    def _scratch_step(self, scratch: SlotKVCache, shape: GraphShape, size: int) -> None:
-        """One compiled step of ``shape`` on the scratch cache: its decode rows at position
-        ``size - 1``, its chunks (in the slots after them) ``size - 3`` tokens from position 0."""
-        device, rows = self.device, shape.rows
-        pos = torch.full((rows,), size - 1, device=device)
-        plan = AttentionPlan(rows, 0, pos, causal_decode_mask(pos, size), None, None, None, None)
-        prefill_tokens = rotary_pos = None
-        if shape.chunks:
-            width = size - 3
-            chunk_pos = torch.arange(width, device=device).repeat(shape.chunks, 1)
-            plan.prefill_slots = torch.arange(rows, rows + shape.chunks, device=device)
-            # Separate tensors, as serving passes: dynamo guards on which arguments are the same object.
-            plan.prefill_pos, plan.prefill_write, rotary_pos = chunk_pos, chunk_pos.clone(), chunk_pos.clone()
-            plan.prefill_mask = (chunk_pos[:, None, :] <= chunk_pos[:, :, None])[:, None]
-            prefill_tokens = torch.zeros(shape.chunks, width, dtype=torch.long, device=device)
-        tokens = torch.zeros(rows, dtype=torch.long, device=device)
-        self.net.hidden(plan, scratch, tokens, prefill_tokens, rotary_pos, bf16=shape.bf16, compiled=True)
-
-    def _faster_one_row_format(self, scratch: SlotKVCache, *, rounds: int = 5, steps: int = 5) -> bool:
-        """Time the compiled one-row step in fp32 and bf16 the way ``measure_format_plan`` times
-        the eager matrices (interleaved, medians, the same bar for bf16)."""
-        def run(bf16: bool):
-            return lambda: [self._scratch_step(scratch, GraphShape(1, 0, bf16), 6) for _ in range(steps)]
-
-        fp32_s, bf16_s = (s / steps for s in interleaved_medians(run(False), run(True), rounds=rounds))
-        choice = bf16_wins(fp32_s, bf16_s)
-        log.info("compiled one-row step: %s weights (%.2f ms fp32, %.2f ms bf16)", "bf16" if choice else "fp32",
-                 fp32_s * 1e3, bf16_s * 1e3,
-                 extra={"event": "engine_weight_formats", "one_row": "bf16" if choice else "fp32",
-                        "fp32_ms": round(fp32_s * 1e3, 3), "bf16_ms": round(bf16_s * 1e3, 3)})
-        return choice
-
-    def compile_in_background(self, progress: Callable[[str], None], done: Callable[[float], None]) -> threading.Thread:
-        """Build the graphs on another thread; the engine serves eagerly until they are ready."""
-        def work():
-            try:
-                seconds = self.build_graphs(progress)
-                self.compiled_ready = True
-                done(seconds)
-            except Exception as exc:  # noqa: BLE001 - a compiler failure must never stop serving
-                self.compile_failed = True
-                log.warning("compiling the decoder layer failed (%s: %s); serving eagerly", type(exc).__name__,
-                            str(exc).splitlines()[0] if str(exc) else "", extra={"event": "engine_compile_fallback"})
-                done(-1.0)
-
-        self._compile_thread = threading.Thread(target=work, name="aieng-compile", daemon=True)
-        self._compile_thread.start()
-        return self._compile_thread
-
+    def warm_up(self, run_shapes, shapes, progress, *, budget_s: float | None, compile: bool) -> None:
+        graphs.warm_up(self, run_shapes, shapes, progress, budget_s, compile)

@@ -41,7 +41,7 @@ def aieng(store: Path, *args: str, timeout: float = 1800) -> subprocess.Complete
 def host_facts() -> dict:
     import torch
 
-    from aieng.gpus import default_alloc_conf
+    from aieng.host.gpus import default_alloc_conf
 
     return {"gpus": [{"index": i, "name": torch.cuda.get_device_name(i),
                       "total_gib": round(torch.cuda.get_device_properties(i).total_memory / 2**30, 1)}
@@ -127,7 +127,7 @@ def oom_check(store: Path) -> dict:
     generator = torch.Generator().manual_seed(0)
     prompts = [torch.randint(4, len(loaded.tokenizer), (length,), generator=generator).tolist() for _ in range(64)]
     params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
-    config = EngineConfig(compile=False, max_rows=len(prompts), prefill_chunk_tokens=4096)
+    config = EngineConfig.exact(compile=False, max_rows=len(prompts), prefill_chunk_tokens=4096)
     expected = [r.token_ids for r in Engine(loaded.model, loaded.tokenizer, config=config).generate(prompts, params)]
 
     def peak(rows: int) -> int:
@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-big", action="store_true", help="the demo model only")
     parser.add_argument("--requests", type=int, default=64, help="requests per concurrency level in the bench")
     args = parser.parse_args(argv)
-    from aieng.gpus import default_alloc_conf
+    from aieng.host.gpus import default_alloc_conf
 
     default_alloc_conf()  # before this process initialises CUDA: the OOM check runs as the server would
     import torch

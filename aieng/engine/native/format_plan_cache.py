@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from aieng.hardware import cpu_model
+from aieng.host.hardware import cpu_model
 
 log = logging.getLogger("aieng.engine")
 

@@ -1,7 +1,7 @@
 """A canary version served beside the stable one, in every worker, with a share of the traffic.
 
 Each worker keeps two ``Serving``s: ``runtime.serving`` (the store's ``current``) and, while the
-store has a canary record (``aieng.store.canary``), ``runtime.canary``. The canary has an engine
+store has a canary record (``aieng.store.canary_record``), ``runtime.canary``. The canary has an engine
 and an engine thread of its own: the two versions run side by side and neither's rows wait on
 the other's steps, and its compiled graphs and weight-format plan come from the stable engine
 (``Engine(..., replacing=)``), so loading a canary compiles nothing. Its KV cache is its own:
@@ -31,7 +31,7 @@ from aieng.loading.loader import load_version
 from aieng.observability import metrics
 from aieng.server.process.serving import Serving
 from aieng.store import ModelRef, ModelStore
-from aieng.store.canary import CanaryRecord, read_canary
+from aieng.store.canary_record import CanaryRecord, read_canary
 
 log = logging.getLogger("aieng.server.canary")
 

@@ -30,8 +30,8 @@ from dataclasses import dataclass
 
 import torch
 
-from aieng.engine.compile_marks import mark_cache_dynamic
-from aieng.engine.slots import SlotKVCache
+from aieng.engine.native.compile_marks import mark_cache_dynamic
+from aieng.engine.native.slots import SlotKVCache
 
 
 def weight_layout(model) -> tuple:
@@ -41,17 +41,15 @@ def weight_layout(model) -> tuple:
 
 def donor_runner(replacing, model):
     """The native runner of the engine being replaced when ``model`` has its weight layout, else None."""
-    from aieng.engine.native_runner import NativeRunner
-
-    donor = getattr(replacing, "runner", None)
-    if isinstance(donor, NativeRunner) and weight_layout(donor.net.model) == weight_layout(model):
+    donor = replacing.runner if replacing is not None else None
+    if donor is not None and donor.kind == "native" and weight_layout(donor.net.model) == weight_layout(model):
         return donor
     return None
 
 
 def awaits_kv_cache(engine) -> bool:
     """True for a successor built to work in its predecessor's KV memory, before ``take_cache``."""
-    return getattr(engine.runner, "awaits_cache", False)
+    return engine.runner.awaits_cache
 
 
 @dataclass
@@ -110,7 +108,7 @@ def reclaim_cache(engine, handover: CacheHandover) -> None:
 def scratch_cache(runner, *, rows: int = 2, capacity: int = 64):
     """A small cache of its own while a cache-awaiting successor warms up (it has 0 slots);
     2 rows, marked dynamic like the serving cache, so the shared graphs run on it as they are."""
-    if not getattr(runner, "awaits_cache", False):
+    if not runner.awaits_cache:
         yield
         return
     waiting = runner.cache

@@ -42,8 +42,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from aieng.engine import packed_weights
-from aieng.engine.compile_marks import mark_step_dynamic, own_copy
+from aieng.engine.native import packed_weights
+from aieng.model_facts import head_dim, kv_heads
+from aieng.engine.native.compile_marks import mark_step_dynamic, own_copy
 
 @dataclass
 class LayerWeights:
@@ -270,7 +271,6 @@ class NativeLlama:
         formats (bf16 or not) such steps run in, the only ones packed."""
         config, inner = model.config, model.model
         self.model = model
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         self.embed = inner.embed_tokens
         self.rotary = inner.rotary_emb
         self._rotary_table: tuple[torch.Tensor, torch.Tensor] | None = None  # build_rotary_table
@@ -278,7 +278,7 @@ class NativeLlama:
         self.final_eps = getattr(inner.norm, "variance_epsilon", config.rms_norm_eps)
         self.lm_head = model.lm_head.weight
         self.layers = [_layer_weights(layer) for layer in inner.layers]
-        self.dims = Dims(config.num_attention_heads, config.num_key_value_heads, head_dim, config.rms_norm_eps,
+        self.dims = Dims(config.num_attention_heads, kv_heads(config), head_dim(config), config.rms_norm_eps,
                          decode_kernel, packed_from)
         self.layers_bf16 = [w.to(torch.bfloat16) for w in self.layers] if bf16_copy else None
         for bf16 in packed_formats if packed_from else ():

@@ -40,8 +40,8 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F
 
-from aieng import container_limits
-from aieng.engine import format_plan_cache, packed_weights
+from aieng.host import container_limits
+from aieng.engine.native import format_plan_cache, packed_weights
 from aieng.settings import WEIGHT_FORMATS
 
 log = logging.getLogger("aieng.engine")
@@ -238,7 +238,7 @@ def interleaved_medians(*runs: Callable[[], object], rounds: int) -> tuple[float
 def _layer_matrices(layer) -> list[torch.Tensor]:
     """The layer's matrices as the native forward multiplies them: q|k|v and gate|up fused (the
     fusion is the one ``NativeLlama`` makes, in place: the modules become views of it)."""
-    from aieng.engine.native_llama import _layer_weights
+    from aieng.engine.native.llama import _layer_weights
 
     return list(_layer_weights(layer).matrices)
 
