@@ -8,7 +8,7 @@ those configs take theirs from ``DEFAULTS`` (``tests/test_settings.py`` builds t
 the way ``aieng serve`` does and the way a notebook does, and compares them).
 
 Each field's ``help`` is the text of ``aieng serve --help`` and of the settings table in
-``docs/architecture.md`` (regenerate it with ``python -m aieng.settings``; a test compares).
+``docs/reference.md`` (regenerate it with ``python -m aieng.settings``; a test compares).
 """
 
 from __future__ import annotations
@@ -166,7 +166,7 @@ def settings_help() -> str:
 
 
 def settings_markdown_table() -> str:
-    """The settings table of docs/architecture.md."""
+    """The settings table of docs/reference.md."""
     rows = ["| variable | default | meaning |", "| --- | --- | --- |"]
     for f in fields(Settings):
         meaning = f.metadata['help'].replace('|', '\\|')  # a | in the text is not a column

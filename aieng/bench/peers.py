@@ -210,8 +210,8 @@ def connection_per_request(on: bool = True):
     llama-server (its cpp-httplib) answers a streamed response with ``Keep-Alive`` and then closes
     the connection; aiohttp re-uses it for the next POST and fails with "Can not write request
     body" (every other request). :mod:`aieng.bench.load` builds its own ``TCPConnector``, so this
-    swaps in one with ``force_close`` (a new loopback connection costs ~0.1 ms against a generation
-    of tens of ms).
+    swaps in one with ``force_close`` (a new loopback connection costs little beside a
+    generation).
     """
     if not on:
         yield

@@ -3,7 +3,8 @@
 ``corpus`` generates checkable tasks and the held-out split, ``tokenizer`` trains byte-level
 BPE and owns the chat template, ``model`` defines the architecture, ``train`` is the loop and
 ``build`` puts it together into a Hugging Face model folder (docs/architecture.md). ``shapes``
-builds untrained stand-ins in real models' layer shapes for benchmarks and tests.
+builds untrained stand-ins in real models' layer shapes for benchmarks and tests
+(docs/performance.md).
 
 The names below are imported on first use, so that ``aieng demo build --help`` can list the
 shapes without importing torch.

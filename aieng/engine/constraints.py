@@ -8,16 +8,16 @@ when the grammar is complete and admits nothing more, the row finishes (``finish
 "grammar") without spending a step on the end-of-sequence token.
 
 The matcher is llguidance's (Microsoft's Rust Earley parser behind vLLM's and SGLang's
-``guidance`` backend, no Python dependencies). Measured on the demo tokenizer, 32 rows: their
-masks in ~0.3-0.5 ms and a schema compiled in ~1 ms, with no per-schema index to build first;
-outlines-core (TGI's) wrote the masks in ~0.2 ms but compiles a JSON schema through a regex (no
-recursive schemas) into a token index whose build grows with vocabulary × states, and its
-vocabulary loader reaches for the Hub. docs/architecture.md has the figures and the cost in a
-served step.
+``guidance`` backend, no Python dependencies): it writes a batch's masks with no per-schema
+index to build first, and compiles a schema directly. outlines-core (TGI's) writes masks as fast
+but compiles a JSON schema through a regex (no recursive schemas) into a token index whose build
+grows with vocabulary × states, and its vocabulary loader reaches for the Hub. ``aieng bench
+grammar`` measures the cost in a served step (docs/performance.md, "Constrained decoding").
 
 A grammar is compiled once per distinct constraint (LRU of ``CACHE_SIZE``) into a template
-matcher; a request gets a copy (~1 µs). Compilation runs where requests are prepared, off the
-engine thread; an invalid schema or regex is an ``InvalidRequestError`` naming the problem.
+matcher; a request gets a copy, far cheaper than compiling. Compilation runs where requests are
+prepared, off the engine thread; an invalid schema or regex is an ``InvalidRequestError`` naming
+the problem.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from aieng.errors import InvalidRequestError
 CACHE_SIZE = 256
 #: Whitespace between JSON tokens: at most 16 characters at a time. Unbounded whitespace (JSON's own
 #: rule, llguidance's default) lets a model that is unsure spin on spaces and newlines until
-#: max_tokens: 13 of 40 random schemas did on the demo model. 16 still fits pretty-printed JSON's
+#: max_tokens, as the demo model did under many random schemas. 16 still fits pretty-printed JSON's
 #: newline and indentation; a schema's own ``x-guidance`` options override it.
 JSON_OPTIONS = {"whitespace_pattern": r"[\x20\x0A\x0D\x09]{0,16}"}
 _LABELS = {"json_object": "JSON object grammar", "json_schema": "JSON schema", "regex": "regex", "choice": "choice"}
@@ -100,7 +100,7 @@ class ConstraintCompiler:
         return matcher
 
     @functools.cached_property
-    def _ll_tokenizer(self):  # ~1 s for a 50k vocabulary: once per engine, on first use
+    def _ll_tokenizer(self):  # grows with the vocabulary: once per engine, on first use
         import llguidance.hf
 
         return llguidance.hf.from_tokenizer(self.tokenizer, n_vocab=self.vocab_size, eos_token=self.eos_id)
@@ -108,9 +108,10 @@ class ConstraintCompiler:
 def masks_needed(logits: torch.Tensor, params: list, matchers: list) -> list:
     """The matchers whose rows need a mask this step. A greedy row (no repetition penalty) whose
     own argmax the grammar accepts needs none: the argmax over the allowed tokens is that token.
-    Checking it costs ~1 µs against ~10 µs for a mask, and a model that follows its format (the
-    demo on its json prompts) is nearly always right. Sampled rows are always masked: sampling
-    first and checking after would change which draws their seed gives."""
+    Checking one token costs a fraction of writing a mask, and a model that follows its format (the
+    demo on its json prompts) is nearly always right (``aieng bench grammar``'s ``json_task``
+    workload measures what it saves). Sampled rows are always masked: sampling first and checking
+    after would change which draws their seed gives."""
     rows = [i for i, m in enumerate(matchers) if m is not None]
     if not rows:
         return matchers
@@ -124,7 +125,7 @@ def mask_logits(logits: torch.Tensor, matchers: list) -> torch.Tensor:
     """``logits`` [B, V] with each constrained row's disallowed tokens at -inf (a new tensor; the
     unconstrained rows, ``None`` in ``matchers``, keep every token). The raw logits stay for
     logprobs. One bitmask for the batch, filled by llguidance's executor across the matchers, then
-    one unpack and one ``masked_fill``: 0.1 ms for 32 demo rows, where per-row masks cost 0.26."""
+    one unpack and one ``masked_fill``, cheaper than a mask per row."""
     rows = [(m, i) for i, m in enumerate(matchers) if m is not None]
     if not rows:
         return logits

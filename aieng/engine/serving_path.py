@@ -4,7 +4,7 @@ transformers' own forward, or neither (refused, with the reason and what to do i
 A server that answers wrongly without an error is worse than one that refuses, so this is an
 allowlist, not a blocklist: a configuration is served by a path only where that path has been
 checked token for token against transformers' ``generate()`` on it. Every row of
-``serving_table.ROWS`` (the table in docs/architecture.md) has such a greedy-parity test
+``serving_table.ROWS`` (the table in docs/models.md) has such a greedy-parity test
 (tests/engine/test_architectures.py); a model type or an option this module does not know is
 refused by name rather than guessed at.
 

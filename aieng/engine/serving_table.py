@@ -1,8 +1,8 @@
-"""The rows of docs/architecture.md's "Which models are served how" table: one small config per
+"""The rows of docs/models.md's "Which models are served how" table: one small config per
 architecture and option, each decided by ``serving_path``.
 
 The table is generated from these rows (``python -m aieng.engine.serving_table`` prints it), and
-the tests hold both ends: the block in docs/architecture.md must be this output, every row's
+the tests hold both ends: the block in docs/models.md must be this output, every row's
 ``kind`` must be what ``serving_path`` decides for its config, and every row served by a forward
 has a greedy-parity test against transformers' ``generate()`` on a random-weight model of exactly
 that config (tests/engine/test_architectures.py). So the table cannot claim a path the code does
@@ -221,7 +221,7 @@ def row_config(row: Row, **extra):
 
 
 def serving_markdown_table() -> str:
-    """The table as docs/architecture.md holds it, with ``serving_path``'s reason for each row."""
+    """The table as docs/models.md holds it, with ``serving_path``'s reason for each row."""
     lines = ["| model type | configuration | served by | why (`serving_path`) |", "| --- | --- | --- | --- |"]
     for row in ROWS:
         path = serving_path(row_config(row))

@@ -38,16 +38,16 @@ class GateThresholds:
     # Families the product depends on: held-out exact match must reach ``min_accuracy`` on each.
     gate_families: tuple[str, ...] = ("reverse", "json")
     # The floor for those families (a rate in [0, 1]; reaching it exactly passes). 0.8, not
-    # higher, because the demo build's scores vary by CPU (a seed-0 build measured add 86% and
-    # json 94% on an AMD EPYC, 98-100% elsewhere) and ``aieng demo install`` must pass on any
-    # machine; an untrained or broken model scores near 0, far below it.
+    # higher, because the demo build's scores vary by CPU (``aieng eval`` records each build's in
+    # its manifest) and ``aieng demo install`` must pass on any machine; an untrained or broken
+    # model scores near 0, far below it.
     min_accuracy: float = 0.8
     # How far any family may drop below the current version's rate (same suite only); exactly
     # this much passes. Small, because eval sets are fixed and greedy decoding is deterministic:
     # a drop is a real change of the model, not noise.
     max_regression: float = 0.05
     # Perplexity of the reference answers: an absolute ceiling (None: none) and the largest rise
-    # over the current version's, as a fraction (0.25: at most 1.25x). The demo measures ~1.01.
+    # over the current version's, as a fraction (0.25: at most 1.25x; ``aieng eval`` records it).
     max_perplexity: float | None = 2.0
     max_perplexity_rise: float = 0.25
     # Against the current version's performance baseline (same concurrency and max tokens).

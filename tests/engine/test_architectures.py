@@ -1,6 +1,6 @@
 """Every supported configuration exact, every other one refused by name.
 
-One test per row of ``aieng.engine.serving_table`` (the table in docs/architecture.md): a row
+One test per row of ``aieng.engine.serving_table`` (the table in docs/models.md): a row
 served by a forward gives, on a random-weight model of exactly its config, the tokens
 transformers' ``generate()`` gives (greedy, fp32, eager, five prompts of different lengths
 joining at different steps and leaving at their own limits), and ``generate()`` answers each
@@ -55,9 +55,9 @@ def test_every_row_of_the_table_is_what_serving_path_decides(row):
 
 
 def test_the_table_in_the_architecture_doc_is_the_generated_one():
-    text = (Path(__file__).resolve().parents[2] / "docs" / "architecture.md").read_text()
+    text = (Path(__file__).resolve().parents[2] / "docs" / "models.md").read_text()
     block = re.search(r"<!-- serving-table[^>]*-->\n(.*?)\n<!-- /serving-table -->", text, re.S)
-    assert block, "docs/architecture.md has no serving-table block"
+    assert block, "docs/models.md has no serving-table block"
     assert block.group(1) == serving_markdown_table(), "regenerate it: python -m aieng.engine.serving_table"
 
 

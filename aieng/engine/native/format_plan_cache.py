@@ -1,9 +1,9 @@
 """The measured weight-format plan, kept across restarts beside torch.compile's cache.
 
-Timing the layers' matrices in four formats at seven token counts takes 6-8 s of a real model's
-start-up (the smollm2-135m shape, 2 threads), a quarter of a warm restart, and the answer depends
-only on what the timing saw: the CPU, PyTorch, the torch thread count, the matrices' shapes and
-whether packed copies fit. Those make the key; the weights' values do not matter. A restart with
+Timing the layers' matrices in four formats at seven token counts is a large share of a real
+model's warm restart (the ``startup_phase_end`` log lines say how large on this host), and the
+answer depends only on what the timing saw: the CPU, PyTorch, the torch thread count, the
+matrices' shapes and whether packed copies fit. Those make the key; the weights' values do not matter. A restart with
 the same key takes the plan from ``<TORCHINDUCTOR_CACHE_DIR>/aieng-format-plans/<key>.json``
 (``AIENG_COMPILE_CACHE_DIR`` under ``aieng serve``) and logs where it came from; deleting the
 file measures again. A file that cannot be read is measured over; one that cannot be written is

@@ -16,10 +16,10 @@ measured count not above its own token count.
 
 Each format also has a second layout: its matrices reordered once into oneDNN's blocked layout
 (``packed_weights``), which multiplies faster from a few rows up than ``F.linear`` re-blocking
-the plain matrix on every call (on an AVX-512 CPU at 32 rows, fp32 1.8x and bf16 1.5x faster).
-Both are timed beside the plain ones; the plan's ``packed_from`` is the token count from which
-the winner is packed at every measured count (0: never, and no copy is kept: a packed copy
-costs as much memory as the matrices it copies).
+the plain matrix on every call (on an AVX-512 CPU, in both formats; the ``engine_weight_formats``
+log line says from which size on this one). Both are timed beside the plain ones; the plan's
+``packed_from`` is the token count from which the winner is packed at every measured count (0:
+never, and no copy is kept: a packed copy costs as much memory as the matrices it copies).
 
 Those eager timings say nothing about the compiled one-row step, whose matrix-vector kernel
 inductor generates (``native_llama.streamed_matvec``): the runner times that graph in both
@@ -51,9 +51,10 @@ STREAMED_TOKENS = 8  # up to here a step is bound by memory bandwidth; above, by
 STREAMED_BYTES = 1 << 30  # fp32 bytes of matrices timed: beyond any CPU cache, as a step reads them
 # A second format must also save this much per step, whole model: each format that runs through
 # oneDNN (bf16 on an AVX-512 CPU, any packed copy) keeps a built kernel per weight shape and row
-# count (onednn_caches.py: some hundreds of KiB each, ~1 ms to rebuild one evicted), and bf16 costs
-# accuracy. On the demo model the wins were 0.1-0.3 ms a step and filled those caches after the
-# load test's warm-up; on the smollm2-135m shape they are 7-60 ms.
+# count (onednn_caches.py: some hundreds of KiB each, and a rebuild when one is evicted), and bf16
+# costs accuracy. A saving below this (a model as small as the demo) is not worth caches that fill
+# after the load test's warm-up; a model of realistic size saves far more (the
+# ``engine_weight_formats`` log line has the timings).
 MIN_SAVING_S = 0.5e-3
 
 
@@ -130,9 +131,9 @@ def measure_format_plan(model, *, repeats: int = 5, cached: bool = True) -> Form
     # Packed copies are as large as the weights they copy: timed (and kept) only when they fit.
     try_packed = packed_weights.available() and copy_bytes * 4 <= available * 0.5
     # The matrices are timed over the layers in turn, as a step reads them: one layer's would sit in
-    # the last-level cache (300 MiB on one of this project's CPUs), where fp32 looks as cheap as bf16
-    # at a few tokens and the plain layouts' per-call re-blocking looks free at many (on an AMD EPYC
-    # at 32 tokens, packed bf16 was 4% slower than plain on one layer and 1.5x faster on 30).
+    # the last-level cache (hundreds of MiB on a server CPU), where fp32 looks as cheap as bf16
+    # at a few tokens and the plain layouts' per-call re-blocking looks free at many (on one layer
+    # packed bf16 can even lose to plain where it wins clearly on all of them).
     per_layer = [_layer_matrices(layer) for layer in model.model.layers]
     layer_bytes = sum(m.numel() * m.element_size() for m in per_layer[0])
     streamed_layers = max(1, min(len(per_layer), STREAMED_BYTES // layer_bytes))

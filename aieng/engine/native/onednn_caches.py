@@ -6,21 +6,16 @@ wrapper around it (``LRU_CACHE_CAPACITY``). Both hold 1,024 entries by default. 
 new row count (a decode batch of another size, a prefill chunk of another length) adds one entry
 per weight shape, and on this package's request path every oneDNN multiply (bf16 ``F.linear`` on a
 CPU with AVX-512, and the packed weights of ``packed_weights``) sees the row count change all the
-time. Measured on the smollm2-135m shape's four fused projections, one thread, row counts 1-299
-(tests/engine/test_onednn_caches.py does it with half as many): packed fp32 grew the process by
-763 MiB with the defaults, 35 MiB with both caches at 16. Each entry holds some hundreds of KiB
-whatever the model's size (its generated code and working buffers), so even the demo model grew.
+time. Each entry holds some hundreds of KiB whatever the model's size (its generated code and
+working buffers), so unbounded even the demo model grows by hundreds of MiB as row counts come
+and go (``tests/engine/test_onednn_caches.py`` measures a process's growth with and without the
+bound).
 
-A bound costs a rebuild when an evicted row count comes back (about 1 ms per weight shape on the
-smollm2-135m shape). Served, that does not show: the smollm2-135m shape at 32 concurrent streams,
-64 tokens each, bounds at 1,024 then 32 alternated twice: 526 / 648 / 683 / 677 tok/s, and at one
-stream 74.1 / 71.2 / 75.7 / 77.4. A micro-benchmark that draws a new row count from 20-32 for
-every step shows the worst case: 120 matrices a step, packed bf16, 2 threads, 23.5-25.1 ms with
-the defaults, 29.2-29.8 ms at 32, 22.5-27.6 ms at 64. The demo model shows the other side: at 64
-the load-test runbook's memory check still failed 3 times in 3 (+9.4% to +10.5% over 50
-requests: the caches filled after the warm-up); at 32 it failed 1 time in 4 (+5.8%), at 16
-it passed 6 in 6. With the demo's formats at fp32 (``formats.MIN_SAVING_S``) it passes at 32. So ``CAPACITY`` is 32:
-six to eight row counts of a model's four or five weight shapes.
+A bound costs a rebuild when an evicted row count comes back. Too high, and the caches still
+fill after the warm-up, which the load test's memory check (``rss_growth``, the ``load_test``
+runbook) catches; too low, and steps rebuild the kernels they just evicted, which ``aieng bench
+serve`` shows as lost throughput. ``CAPACITY`` sits between: six to eight row counts of a
+model's four or five weight shapes (with the demo's formats at fp32, ``formats.MIN_SAVING_S``).
 
 Both variables are read when the process makes its first oneDNN call, so this must run before
 that: ``aieng serve`` calls it first thing, and ``Engine`` at construction for in-process use

@@ -1,12 +1,13 @@
 """fp32 weights in oneDNN's blocked layout, for the steps that are bound by arithmetic.
 
-At batch 32 a decode step of a real model is matrix multiplies: on the smollm2-135m shape (2
-threads) ``aten::mm``/``addmm`` take 128 of a step's 150 ms. PyTorch's ``F.linear`` reads the
-weight in its plain row-major layout and re-blocks it for the kernel on every call; oneDNN can
-reorder a weight once into the blocked layout its kernel reads (``mkldnn._reorder_linear_weight``)
-and then multiply straight from it (``mkldnn._linear_pointwise``). Measured on that shape's fused
-projections (30 layers, 5 alternated rounds): 32 rows 120 ms -> 79 ms, 8 rows 78 -> 43 ms. The
-product is the same fp32 arithmetic summed in another order (differences ~1e-6).
+At batch 32 a decode step of a real model is matrix multiplies: in a profile of the
+smollm2-135m shape, ``aten::mm``/``addmm`` take most of a step. PyTorch's
+``F.linear`` reads the weight in its plain row-major layout and re-blocks it for the kernel on
+every call; oneDNN can reorder a weight once into the blocked layout its kernel reads
+(``mkldnn._reorder_linear_weight``) and then multiply straight from it
+(``mkldnn._linear_pointwise``), which saves the re-blocking at every row count the format plan
+times (the ``engine_weight_formats`` log line has the timings). The product is the same fp32
+arithmetic summed in another order (differences ~1e-6).
 
 The packed tensor is in MKLDNN layout, which a compiled graph cannot take as an input. So the
 graph keeps the plain weight as its input and calls ``aieng::packed_linear``, an opaque op that
@@ -14,11 +15,10 @@ looks the packed copy up by the plain weight's storage and multiplies with it (o
 weight, for fewer rows than ``min_rows`` or a weight with no packed copy). The graphs and their
 guards are those of plain fp32 weights; only which kernel runs inside the op differs.
 
-The same holds for bf16 weights on a CPU with AVX-512 bf16 instructions (at 32 rows on an AMD
-EPYC: plain bf16 55 ms, packed 38 ms, plain fp32 104 ms). A copy costs as much memory as the
-matrices it copies; ``formats.measure_format_plan`` asks for it
-only when it is faster here and fits (``FormatPlan.packed_from``). CPU only: on a GPU the weights
-stay as they are.
+The same holds for bf16 weights on a CPU with AVX-512 bf16 instructions. A copy costs as much
+memory as the matrices it copies; ``formats.measure_format_plan`` asks for it only when it is
+faster here and fits (``FormatPlan.packed_from``). CPU only: on a GPU the weights stay as they
+are.
 """
 
 from __future__ import annotations

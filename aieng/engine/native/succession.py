@@ -4,7 +4,8 @@ What passes from the serving engine to its successor (``Engine(..., replacing=se
 
 - **the weight-format plan and the one-row choice.** Measured again, under the load the old
   version is serving, they come out different, and so does the bf16 copy's presence, and then
-  no compiled graph can be shared: a worker once spent 10 s compiling beside its serving engine.
+  no compiled graph can be shared: the worker then compiles beside its serving engine, and every
+  stream it serves stalls (``tests/server/process/test_hot_swap.py`` fails on that).
 - **the compiled graphs** (weights are graph inputs, not constants): nothing is traced.
 - **the KV cache's memory** (``kv_from_replaced=True``): the successor is built with no cache of
   its own. At the switch (``hand_over_cache``, on the old engine's thread between two of its

@@ -68,8 +68,8 @@ def create_app(runtime, *, max_body_bytes: int = 1_000_000, body_timeout_s: floa
                                          template_sha256=template.get("sha256"))])
 
     @app.get("/metrics")
-    def metrics():  # a plain def: FastAPI runs it on a thread, so the ~30 ms of reading every process's
-        # metric files never holds the event loop and the streams it is serving (the GIL switches every 5 ms)
+    def metrics():  # a plain def: FastAPI runs it on a thread, so reading every process's metric
+        # files never holds the event loop and the streams it is serving (the GIL switches every 5 ms)
         update_resource_gauges()
         body, content_type = metrics_text()
         return Response(body, media_type=content_type)

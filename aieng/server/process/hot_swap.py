@@ -8,8 +8,9 @@ The steps, each of which leaves the old version serving if it fails:
 2. **warm it up** on this thread while the old one keeps serving. Same architecture: the new
    engine takes the serving engine's weight-format plan and compiled graphs
    (``Engine(..., replacing=serving engine)``; weights are graph inputs, not constants), so
-   nothing is measured, traced or compiled: 0.2 s per swap on an idle demo server, under 1 s
-   under 16 streams, instead of 5-11 s of compiling beside the serving engine;
+   nothing is measured, traced or compiled: a swap costs a verify and a load, not a compile
+   beside the serving engine (``POST /admin/reload`` answers with its ``seconds``, and the
+   ``swap_*`` log lines have them);
 3. **switch**: one reference assignment (``runtime.serving``); new requests read the new version,
    in-flight ones finish on the old;
 4. **retire** the old: stop admitting, wait for its in-flight requests, stop its engine thread,
@@ -198,7 +199,7 @@ class HotSwapper:
     def _free(old: Serving):
         """A check, called once the caller has dropped ``old``, that its weights and engine are
         gone. Reference counting frees them as the last reference goes; a full ``gc.collect()``
-        (which stops every thread of the worker, 5-80 ms on the demo, the p99 of a request) runs
+        (which stops every thread of the worker, a pause the streams' p99 shows) runs
         only when a reference cycle still holds them."""
         engine, weights = weakref.ref(old.engine), weakref.ref(next(old.loaded.model.parameters()))
 

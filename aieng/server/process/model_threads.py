@@ -5,11 +5,12 @@ keeps a pool of worker threads for every thread that ever ran a parallel region,
 that thread lives. Once a process holds more such threads than it has cores, libgomp stops
 letting idle pool threads spin between regions: they sleep, and every region then waits for a
 wake-up. A decode step runs hundreds of short regions (a few per layer), so a second long-lived
-pool beside the engine's slows every step. Measured on the ``smollm2-135m`` shape, 2 cores: three
-idle helper threads that had once run a matrix multiply halved batch-1 decode (21 against 49
-tok/s); the server had two such pools, from building the engine on the event loop's executor
-thread and from hot swaps on the watcher's thread, and decoded at 40 ms a step where the same
-engine alone takes 17-20 ms. A thread that exits takes its pool with it.
+pool beside the engine's slows every step: on the ``smollm2-135m`` shape, a few idle helper
+threads that had once run a matrix multiply cut batch-1 decode by about half. The server had two
+such pools, from building the engine on the event loop's executor thread and from hot swaps on
+the watcher's thread, and its steps were far slower than the same engine's alone (``aieng bench
+serve`` measures the one, ``aieng bench engine`` the other). A thread that exits takes its pool
+with it.
 
 So: start-up (weight-format measurement, engine build, warm-up) and hot swaps (load, warm-up,
 canaries) run through ``run_on_own_thread``; the engine thread is the only long-lived thread of

@@ -125,8 +125,8 @@ class Runtime:
         gc.freeze()
 
     def _build_kernels(self) -> None:
-        """aieng's CPU decode-attention kernel, built (first start on a host: ~15 s) and loaded in the
-        master, so the workers find it built instead of each compiling it at once."""
+        """aieng's CPU decode-attention kernel, built (first start on a host; the log says how long)
+        and loaded in the master, so the workers find it built instead of each compiling it at once."""
         from aieng.engine.native import kernels
         from aieng.engine.serving_path import serving_path
 

@@ -13,8 +13,8 @@ The rules (why each one):
   reads. A small model's tokens are mostly that Python: a second torch thread saves less than the
   event loop loses when OpenMP threads spin on its core, so the worker keeps a core for it
   (share - 1). From ``COMPUTE_BOUND_WEIGHT_BYTES`` of weights up, matrix multiplies dominate and
-  an idle core costs more than it saves: the worker gets its whole share. The measurements are
-  in ``cpu_threads``. The rule assumes the cores are the server's: on a host shared with other
+  an idle core costs more than it saves: the worker gets its whole share. Where the threshold
+  comes from is in ``cpu_threads``. The rule assumes the cores are the server's: on a host shared with other
   CPU work a second thread waits for a busy core at every OpenMP barrier, and one thread per
   worker can win even on a large model (set ``AIENG_TORCH_THREADS``). To compare on a host:
   ``AIENG_TORCH_THREADS=N aieng bench serve`` for each N; the servers it starts inherit it.
@@ -32,7 +32,7 @@ from aieng.errors import ConfigError
 PER_WORKER_OVERHEAD = 384 * 2**20  # interpreter, tokenizer, HTTP stack, allocator slack
 
 # A model with this many bytes of weights (read once per decode step) gets every core of its
-# share; a smaller one leaves one to its event loop. Measured: see cpu_threads. (16M float32
+# share; a smaller one leaves one to its event loop. Why this size: see cpu_threads. (16M float32
 # parameters; the demo has 3 MiB, the smollm2-135m shape 406 MiB.)
 COMPUTE_BOUND_WEIGHT_BYTES = 64 * 2**20
 
@@ -88,9 +88,10 @@ def cpu_threads(cores: int, workers: int, weight_bytes: int) -> tuple[int, str]:
     Why the threshold: a second torch thread shortens a step by an amount that grows with the
     weights, while the event loop's Python per token stays the same. Measured per model size
     (engine decode steps at 1 and 2 threads, alternated; the table is in issue #10's note), the
-    two meet near 50 MiB of fp32 weights, hence ``COMPUTE_BOUND_WEIGHT_BYTES``. On a host whose
-    cores are busy with other work the extra thread can lose instead: ``--torch-threads`` (or
-    ``AIENG_TORCH_THREADS``) overrides the rule.
+    two meet a little below ``COMPUTE_BOUND_WEIGHT_BYTES`` of fp32 weights (on a host:
+    ``AIENG_TORCH_THREADS=N aieng bench serve`` for each N). On a host whose cores are busy with
+    other work the extra thread can lose instead: ``--torch-threads`` (or ``AIENG_TORCH_THREADS``)
+    overrides the rule.
     """
     share = max(1, cores // workers)
     mib = weight_bytes / 2**20

@@ -8,8 +8,9 @@ read is what a decode step grows by (``aieng bench context``).
 
 Why compiled here and not shipped: the kernel is vectorised for the CPU it runs on (AVX2 or
 AVX-512), against the torch it is loaded into. It is built with the same C++ compiler
-``torch.compile`` already needs, in about 15 s, once: the library lands in the compile cache
-directory (``TORCHINDUCTOR_CACHE_DIR``, which ``aieng serve`` points at ``AIENG_COMPILE_CACHE_DIR``),
+``torch.compile`` already needs, once per host (the log says how long it took): the library lands
+in the compile cache directory (``TORCHINDUCTOR_CACHE_DIR``, which ``aieng serve`` points at
+``AIENG_COMPILE_CACHE_DIR``),
 named by a hash of the source, the flags, the torch version and the compiler, so a restart loads
 it and a changed host builds its own. A host that cannot build it (no compiler) serves with
 PyTorch's attention and says so once in the log: slower at long context, never wrong.
