@@ -14,13 +14,15 @@ export TOKENIZERS_PARALLELISM ?= false
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: help install install-dev audit demo serve test test-fast lab lock clean
+.PHONY: help install install-dev audit lint demo serve test test-fast lab lock clean
 
 help:
 	@echo "make serve   set up (venv, locked deps, demo model) and serve on 127.0.0.1:8000"
 	@echo "make test    set up, then run unit, integration, notebook (nbval) and runbook (papermill) tests"
+	@echo "make test-fast  the tests that start no server, run no notebook and bound no timing (unit, model)"
 	@echo "make lab     JupyterLab on notebooks/"
 	@echo "make audit   known vulnerabilities in the locks (security/audit-allowlist.toml for accepted ones)"
+	@echo "make lint    ruff: lint and format check (ruff format aieng tests scripts fixes the format)"
 	@echo "make lock    regenerate the hashed locks in locks/ and environment.yml"
 
 # Every file is pinned with its sha256 in locks/ and installed with --require-hashes (aieng/locks/
@@ -51,6 +53,11 @@ install-dev: $(DEV_STAMP)
 audit: $(STAMP)
 	$(BIN)/python -m aieng.locks.audit $(LOCKS) locks/dev.lock --allow security/audit-allowlist.toml
 
+# ruff, configured in pyproject.toml; `make test` runs the same check (tests/project/test_lint.py).
+lint: $(DEV_STAMP)
+	$(BIN)/ruff check aieng tests scripts
+	$(BIN)/ruff format --check aieng tests scripts
+
 # Build + register + evaluate + promote the demo model unless the store already has a current one.
 demo: $(STAMP)
 	$(BIN)/aieng demo install
@@ -62,6 +69,11 @@ test: $(DEV_STAMP) demo audit
 	@if command -v promtool >/dev/null; then promtool check rules deploy/prometheus/alerts.yml; \
 	  else echo "promtool not found: alert rules unchecked (apt-get install prometheus)"; fi
 	$(BIN)/python -m pytest tests --nbval-lax notebooks -p no:cacheprovider --durations=25
+
+# While iterating: every test but those that start a real server, run a notebook or assert a timing
+# bound (the cost tiers of tests/conftest.py); `make test` runs them all.
+test-fast: $(DEV_STAMP) demo
+	$(BIN)/python -m pytest tests -m "not server and not notebook and not perf" -p no:cacheprovider --durations=10
 
 lab: $(DEV_STAMP) demo
 	$(BIN)/jupyter lab notebooks/

@@ -86,7 +86,6 @@ class GateRefusedError(AiengError):
         self.decision = decision
 
 
-
 class UnauthorizedError(AiengError):
     """An admin route without ``Authorization: Bearer <token>``."""
 
@@ -108,6 +107,7 @@ class ReloadError(AiengError):
 
     code = "reload_failed"
     status = 502
+
 
 class VerificationError(AiengError):
     """Stored files do not match their manifest hashes: the version must not be loaded."""

@@ -37,94 +37,172 @@ class Settings:
     workers: str = _setting("auto", "auto or a count of worker processes (see --workers auto below)")
     torch_threads: int = _setting(0, "torch threads per worker; 0 = the worker plan decides")
     device: str = _setting("auto", "auto | cpu | cuda | cuda:N (auto: CUDA if present)")
-    dtype: str = _setting("auto", "auto | float32 | bfloat16 | float16 (auto: fp32 on CPU, bf16 on CUDA when supported)")
+    dtype: str = _setting(
+        "auto", "auto | float32 | bfloat16 | float16 (auto: fp32 on CPU, bf16 on CUDA when supported)"
+    )
     gpu_memory_fraction: float = _setting(0.9, "share of GPU memory the weights may plan to use")
     memory_headroom: float = _setting(0.8, "share of available RAM the weights may plan to use")
     max_body_bytes: int = _setting(1_000_000, "request body limit; 413 beyond")
     log_level: str = _setting("info", "debug | info | warning | error; logs are JSON lines on stderr")
     max_batch_size: int = _setting(32, "rows decoded together; 1 turns batching off")
     max_batch_tokens: int = _setting(4096, "padded prompt tokens admitted for prefill in one step")
-    prefill_chunk_tokens: int = _setting(256, "prompt tokens prefilled per engine step: a longer prompt joins over "
-                                              "several steps while running streams keep decoding (native forward)")
-    kv_cache_mb: int = _setting(0, "static KV cache budget in MiB (native forward); 0 = max_batch_size rows of the "
-                                   "full context. Fewer rows fit: the batch size is lowered to match, and logged")
-    weight_formats: str = _setting("auto", "auto | float32 | bfloat16 | float32-packed | bfloat16-packed: auto "
-                                           "measures at start-up at which step sizes bf16 weights beat fp32 on "
-                                           "this CPU, and from which size oneDNN-packed copies of them multiply "
-                                           "faster, and keeps the copies the plan uses (a second format must save "
-                                           "5% and 0.5 ms a step: on the demo model none does); the others fix "
-                                           "one format")
-    decode_attention: str = _setting("auto", "auto | sdpa: auto decodes on the CPU with aieng's attention kernel (built "
-                                             "once with the C++ compiler torch.compile uses, cached beside its "
-                                             "cache) and uses PyTorch's scaled_dot_product_attention where it cannot "
-                                             "be built; sdpa always uses PyTorch's")
-    kv_cache_dtype: str = _setting("auto", "auto | model | bfloat16: the static KV cache's dtype. auto = bf16 where the "
-                                           "one-row step streams bf16 weights (measured, AIENG_WEIGHT_FORMATS) and "
-                                           "aieng's CPU attention kernel reads the cache, else the model's dtype. "
-                                           "bf16 halves a row's memory and a long-context step's reads; "
-                                           "`aieng eval --kv-cache-dtype bfloat16` records its accuracy")
-    native: bool = _setting(True, "the native forward for Llama-family models (static KV cache, chunked prefill, "
-                                  "a compiled decoder layer); 0 = transformers' forward for every model")
+    prefill_chunk_tokens: int = _setting(
+        256,
+        "prompt tokens prefilled per engine step: a longer prompt joins over "
+        "several steps while running streams keep decoding (native forward)",
+    )
+    kv_cache_mb: int = _setting(
+        0,
+        "static KV cache budget in MiB (native forward); 0 = max_batch_size rows of the "
+        "full context. Fewer rows fit: the batch size is lowered to match, and logged",
+    )
+    weight_formats: str = _setting(
+        "auto",
+        "auto | float32 | bfloat16 | float32-packed | bfloat16-packed: auto "
+        "measures at start-up at which step sizes bf16 weights beat fp32 on "
+        "this CPU, and from which size oneDNN-packed copies of them multiply "
+        "faster, and keeps the copies the plan uses (a second format must save "
+        "5% and 0.5 ms a step: on the demo model none does); the others fix "
+        "one format",
+    )
+    decode_attention: str = _setting(
+        "auto",
+        "auto | sdpa: auto decodes on the CPU with aieng's attention kernel (built "
+        "once with the C++ compiler torch.compile uses, cached beside its "
+        "cache) and uses PyTorch's scaled_dot_product_attention where it cannot "
+        "be built; sdpa always uses PyTorch's",
+    )
+    kv_cache_dtype: str = _setting(
+        "auto",
+        "auto | model | bfloat16: the static KV cache's dtype. auto = bf16 where the "
+        "one-row step streams bf16 weights (measured, AIENG_WEIGHT_FORMATS) and "
+        "aieng's CPU attention kernel reads the cache, else the model's dtype. "
+        "bf16 halves a row's memory and a long-context step's reads; "
+        "`aieng eval --kv-cache-dtype bfloat16` records its accuracy",
+    )
+    native: bool = _setting(
+        True,
+        "the native forward for Llama-family models (static KV cache, chunked prefill, "
+        "a compiled decoder layer); 0 = transformers' forward for every model",
+    )
     max_queue: int = _setting(256, "waiting requests before 429 with Retry-After")
-    max_connections: int = _setting(1000, "concurrent connections (or requests) per worker; beyond it a 503 "
-                                          "before the request is read; 0 = no cap")
-    header_timeout_s: float = _setting(10.0, "a connection whose request headers are not complete this long after "
-                                             "it opened (or after its last response) gets 408 and is closed")
+    max_connections: int = _setting(
+        1000, "concurrent connections (or requests) per worker; beyond it a 503 before the request is read; 0 = no cap"
+    )
+    header_timeout_s: float = _setting(
+        10.0,
+        "a connection whose request headers are not complete this long after "
+        "it opened (or after its last response) gets 408 and is closed",
+    )
     body_timeout_s: float = _setting(30.0, "a request body not complete this long after the request began: 408")
-    stream_buffer_events: int = _setting(1024, "tokens a stream may have generated but not yet handed to a slow "
-                                                "client; past it the request is cancelled and logged (slow_client)")
+    stream_buffer_events: int = _setting(
+        1024,
+        "tokens a stream may have generated but not yet handed to a slow "
+        "client; past it the request is cancelled and logged (slow_client)",
+    )
     max_queue_delay_ms: float = _setting(10.0, "an idle engine waits this long to prefill a burst together")
     request_timeout_s: float = _setting(300.0, "deadline of requests without a `timeout` field (504 after it)")
-    max_requests: int = _setting(10000, "a worker retires after about this many requests (jitter 10%), without "
-                                        "losing one: its connections close on their next response; 0 = never")
-    max_worker_memory_mb: int = _setting(0, "a worker whose resident memory passes this retires the same lossless "
-                                            "way (gunicorn starts a fresh one); 0 = no limit")
+    max_requests: int = _setting(
+        10000,
+        "a worker retires after about this many requests (jitter 10%), without "
+        "losing one: its connections close on their next response; 0 = never",
+    )
+    max_worker_memory_mb: int = _setting(
+        0,
+        "a worker whose resident memory passes this retires the same lossless "
+        "way (gunicorn starts a fresh one); 0 = no limit",
+    )
     graceful_timeout_s: int = _setting(30, "after SIGTERM, in-flight requests get this long to finish")
-    step_timeout_s: float = _setting(120.0, "an engine step running longer marks the worker unready (503 `stuck`), "
-                                            "logs the step's shape and restarts the worker; 0 = no watchdog")
+    step_timeout_s: float = _setting(
+        120.0,
+        "an engine step running longer marks the worker unready (503 `stuck`), "
+        "logs the step's shape and restarts the worker; 0 = no watchdog",
+    )
     drain_delay_s: float = _setting(1.0, "after SIGTERM, /health/ready is 503 this long before the listener closes")
-    compile: bool = _setting(True, "torch.compile the decoder layer (other models: the whole forward) at warm-up "
-                                   "(0 = eager, fast start); "
-                                   "`aieng bench engine` measures the gain, notebook 03 the cost")
-    compile_budget_s: float = _setting(15.0, "warm-up waits at most this long for compilation, then the server is "
-                                             "ready and serves eagerly until the compiled graphs are built")
-    compile_cache_dir: Path = _setting(lambda: Path("var/compile-cache"),
-                                       "torch.compile's on-disk caches (inductor, FX graph, AOTAutograd), kept "
-                                       "across restarts so a restart reuses the compiled kernels; "
-                                       "TORCHINDUCTOR_CACHE_DIR, when set, wins", shown="./var/compile-cache")
-    int8: bool = _setting(False, "int8 dynamic quantization of Linear layers, CPU only; "
-                                 "`aieng bench engine --int8` and `aieng eval N --int8` measure it")
-    oom_degrade: bool = _setting(False, "a request that runs out of memory alone after generating some tokens ends "
-                                        "with them (finish_reason length, aieng_oom_degraded_total) instead of a "
-                                        "503; a prompt that does not fit alone still fails")
+    compile: bool = _setting(
+        True,
+        "torch.compile the decoder layer (other models: the whole forward) at warm-up "
+        "(0 = eager, fast start); "
+        "`aieng bench engine` measures the gain, notebook 03 the cost",
+    )
+    compile_budget_s: float = _setting(
+        15.0,
+        "warm-up waits at most this long for compilation, then the server is "
+        "ready and serves eagerly until the compiled graphs are built",
+    )
+    compile_cache_dir: Path = _setting(
+        lambda: Path("var/compile-cache"),
+        "torch.compile's on-disk caches (inductor, FX graph, AOTAutograd), kept "
+        "across restarts so a restart reuses the compiled kernels; "
+        "TORCHINDUCTOR_CACHE_DIR, when set, wins",
+        shown="./var/compile-cache",
+    )
+    int8: bool = _setting(
+        False,
+        "int8 dynamic quantization of Linear layers, CPU only; "
+        "`aieng bench engine --int8` and `aieng eval N --int8` measure it",
+    )
+    oom_degrade: bool = _setting(
+        False,
+        "a request that runs out of memory alone after generating some tokens ends "
+        "with them (finish_reason length, aieng_oom_degraded_total) instead of a "
+        "503; a prompt that does not fit alone still fails",
+    )
     metrics: bool = _setting(True, "record Prometheus metrics at /metrics (0 only to measure their cost)")
-    log_payload_sample: float = _setting(0.0, "share of requests whose prompt and output are logged, in [0, 1]",
-                                         kind="rate")
-    guard_checks: str = _setting("empty,repetition", "output guard checks on unconstrained answers, comma-separated: "
-                                                     "empty, repetition, json, blocklist, hook; empty = no guard")
-    guard_action: str = _setting("flag", "flag (pass the answer on, marked with X-Output-Guard and a guard field) | "
-                                         "fallback (replace it with AIENG_GUARD_FALLBACK, finish_reason content_filter)")
-    guard_max_repeats: int = _setting(8, "the repetition check fires when the answer ends in one piece of text "
-                                         "repeated this many times (24 characters at least)")
-    guard_json_prompts: str = _setting("", "the json check: a regex on the prompt; answers to matching prompts must "
-                                           "parse as JSON")
-    guard_blocklist: str = _setting("", "the blocklist check: a file of words or phrases, one per line "
-                                        "(case-insensitive, whole words)")
-    guard_hook: str = _setting("", "the hook check: module:function called with (prompt, text), returning a reason "
-                                   "to refuse the answer or None")
-    guard_fallback: str = _setting("I could not produce a reliable answer to that. Please rephrase or try again.",
-                                   "the reply that replaces a caught answer when AIENG_GUARD_ACTION=fallback")
-    admin_token: str = field(default="", repr=False, metadata={  # a secret: never in a repr or a log line
-        "help": "bearer token of the admin routes (POST /admin/reload); empty = the routes do not exist",
-        "shown": "(empty)"})
-    reload_poll_s: float = _setting(1.0, "each worker checks the store's `current` this often and hot-swaps to it "
-                                         "when it changed (N alone in AIENG_MODEL; N@V pins); 0 = only on "
-                                         "POST /admin/reload")
-    test_step_delay: str = _setting("", "tests only: VERSION=SECONDS[,...] sleeps that long after every engine step "
-                                        "of those versions (a correct but slow version for the canary tests)")
+    log_payload_sample: float = _setting(
+        0.0, "share of requests whose prompt and output are logged, in [0, 1]", kind="rate"
+    )
+    guard_checks: str = _setting(
+        "empty,repetition",
+        "output guard checks on unconstrained answers, comma-separated: "
+        "empty, repetition, json, blocklist, hook; empty = no guard",
+    )
+    guard_action: str = _setting(
+        "flag",
+        "flag (pass the answer on, marked with X-Output-Guard and a guard field) | "
+        "fallback (replace it with AIENG_GUARD_FALLBACK, finish_reason content_filter)",
+    )
+    guard_max_repeats: int = _setting(
+        8,
+        "the repetition check fires when the answer ends in one piece of text "
+        "repeated this many times (24 characters at least)",
+    )
+    guard_json_prompts: str = _setting(
+        "", "the json check: a regex on the prompt; answers to matching prompts must parse as JSON"
+    )
+    guard_blocklist: str = _setting(
+        "", "the blocklist check: a file of words or phrases, one per line (case-insensitive, whole words)"
+    )
+    guard_hook: str = _setting(
+        "",
+        "the hook check: module:function called with (prompt, text), returning a reason to refuse the answer or None",
+    )
+    guard_fallback: str = _setting(
+        "I could not produce a reliable answer to that. Please rephrase or try again.",
+        "the reply that replaces a caught answer when AIENG_GUARD_ACTION=fallback",
+    )
+    admin_token: str = field(
+        default="",
+        repr=False,
+        metadata={  # a secret: never in a repr or a log line
+            "help": "bearer token of the admin routes (POST /admin/reload); empty = the routes do not exist",
+            "shown": "(empty)",
+        },
+    )
+    reload_poll_s: float = _setting(
+        1.0,
+        "each worker checks the store's `current` this often and hot-swaps to it "
+        "when it changed (N alone in AIENG_MODEL; N@V pins); 0 = only on "
+        "POST /admin/reload",
+    )
+    test_step_delay: str = _setting(
+        "",
+        "tests only: VERSION=SECONDS[,...] sleeps that long after every engine step "
+        "of those versions (a correct but slow version for the canary tests)",
+    )
 
     @classmethod
-    def from_env(cls, **overrides) -> "Settings":
+    def from_env(cls, **overrides) -> Settings:
         """Defaults, then ``AIENG_<FIELD>`` variables, then non-None ``overrides`` (CLI flags)."""
         values: dict = {}
         for f in fields(cls):
@@ -160,8 +238,7 @@ def settings_help() -> str:
     lines = []
     for f in fields(Settings):
         text = f"{f.metadata['help']} [{default_text(f)}]"
-        lines += textwrap.wrap(text, width=100, initial_indent=f"  {env_name(f.name):26} ",
-                               subsequent_indent=" " * 29)
+        lines += textwrap.wrap(text, width=100, initial_indent=f"  {env_name(f.name):26} ", subsequent_indent=" " * 29)
     return "\n".join(lines)
 
 
@@ -169,7 +246,7 @@ def settings_markdown_table() -> str:
     """The settings table of docs/reference.md."""
     rows = ["| variable | default | meaning |", "| --- | --- | --- |"]
     for f in fields(Settings):
-        meaning = f.metadata['help'].replace('|', '\\|')  # a | in the text is not a column
+        meaning = f.metadata["help"].replace("|", "\\|")  # a | in the text is not a column
         rows.append(f"| `{env_name(f.name)}` | `{default_text(f)}` | {meaning} |")
     return "\n".join(rows)
 

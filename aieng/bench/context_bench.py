@@ -4,7 +4,8 @@ long prompt joining does to the rows already streaming.
 Two measurements, both on the engine's own steps (no HTTP), median over repeats:
 
 1. **Step cost by KV length.** The median decode step of ``batch`` rows at KV length 64 against
-   the same at 1,256 (a 1,000-token prompt after 256 new tokens), alternated over repeats. With the static cache a step writes one column
+   the same at 1,256 (a 1,000-token prompt after 256 new tokens), alternated over repeats.
+   With the static cache a step writes one column
    and reads the rows' prefixes, so the ratio stays near 1 until attention, not the weights,
    dominates. Target (realistic-shape issue): ≤ 1.3 at 1,256 tokens.
 2. **A long prompt joining running streams.** ``streams`` rows decode steadily; a
@@ -56,8 +57,16 @@ def step_ms_at_kv_length(engine: Engine, *, batch: int, kv_length: int, window: 
     return statistics.median(times[:-1]) * 1000
 
 
-def itl_while_a_long_prompt_joins(engine: Engine, *, streams: int, join_tokens: int, before: int = 12,
-                                  after: int = 8, max_steps: int = 1000, progress=None) -> tuple[float, float]:
+def itl_while_a_long_prompt_joins(
+    engine: Engine,
+    *,
+    streams: int,
+    join_tokens: int,
+    before: int = 12,
+    after: int = 8,
+    max_steps: int = 1000,
+    progress=None,
+) -> tuple[float, float]:
     """(median step ms, p99 of the running rows' inter-token gaps in ms) from ``before`` steps
     ahead of a long prompt's arrival to ``after`` steps past its first token."""
     params = SamplingParams(max_tokens=engine.context_length - 16, temperature=0, ignore_eos=True)
@@ -67,8 +76,11 @@ def itl_while_a_long_prompt_joins(engine: Engine, *, streams: int, join_tokens: 
     gaps, step_times = [], []
     joined_at = None
     for step in range(max_steps):
-        joiners = [GenerationRequest("long", long_prompt, SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))] \
-            if step == before else []
+        joiners = (
+            [GenerationRequest("long", long_prompt, SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))]
+            if step == before
+            else []
+        )
         start = time.perf_counter()
         result = engine.step(joiners)
         now = time.perf_counter()
@@ -92,8 +104,17 @@ def itl_while_a_long_prompt_joins(engine: Engine, *, streams: int, join_tokens: 
     return statistics.median(step_times) * 1000, p99 * 1000
 
 
-def run_context_bench(engine: Engine, *, batch: int = 1, short_kv: int = 64, long_kv: int = 1256, repeats: int = 3,
-                      streams: int = 16, join_tokens: int = 1000, progress=None) -> ContextBenchResult:
+def run_context_bench(
+    engine: Engine,
+    *,
+    batch: int = 1,
+    short_kv: int = 64,
+    long_kv: int = 1256,
+    repeats: int = 3,
+    streams: int = 16,
+    join_tokens: int = 1000,
+    progress=None,
+) -> ContextBenchResult:
     long_kv = min(long_kv, engine.context_length - 20)  # a short-context model (the demo: 512) is measured to its end
     join_tokens = min(join_tokens, engine.context_length - 60)
     shorts, longs = [], []
@@ -101,11 +122,20 @@ def run_context_bench(engine: Engine, *, batch: int = 1, short_kv: int = 64, lon
         shorts.append(step_ms_at_kv_length(engine, batch=batch, kv_length=short_kv, progress=progress))
         longs.append(step_ms_at_kv_length(engine, batch=batch, kv_length=long_kv, progress=progress))
     short_ms, long_ms = statistics.median(shorts), statistics.median(longs)
-    median_ms, p99_ms = itl_while_a_long_prompt_joins(engine, streams=streams, join_tokens=join_tokens,
-                                                      progress=progress)
-    return ContextBenchResult(batch=batch, short_kv=short_kv, long_kv=long_kv,
-                              short_step_ms=round(short_ms, 2), long_step_ms=round(long_ms, 2),
-                              step_ratio=round(long_ms / short_ms, 3), streams=streams, join_tokens=join_tokens,
-                              median_step_ms=round(median_ms, 2), itl_p99_ms=round(p99_ms, 2),
-                              itl_p99_over_median=round(p99_ms / median_ms, 3),
-                              chunk_tokens=engine.prefill_budget.max_tokens if engine.chunked else 0)
+    median_ms, p99_ms = itl_while_a_long_prompt_joins(
+        engine, streams=streams, join_tokens=join_tokens, progress=progress
+    )
+    return ContextBenchResult(
+        batch=batch,
+        short_kv=short_kv,
+        long_kv=long_kv,
+        short_step_ms=round(short_ms, 2),
+        long_step_ms=round(long_ms, 2),
+        step_ratio=round(long_ms / short_ms, 3),
+        streams=streams,
+        join_tokens=join_tokens,
+        median_step_ms=round(median_ms, 2),
+        itl_p99_ms=round(p99_ms, 2),
+        itl_p99_over_median=round(p99_ms / median_ms, 3),
+        chunk_tokens=engine.prefill_budget.max_tokens if engine.chunked else 0,
+    )

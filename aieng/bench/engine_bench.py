@@ -18,8 +18,14 @@ from aieng.engine import Engine, EngineConfig, SamplingParams
 from aieng.engine.chat import user_prompt
 
 BENCH_PROMPTS = [
-    "reverse: apple stone river moon", "add: 27+58", "json: name=ana age=31 city=oslo", "sort: river apple stone",
-    "reverse: boat door glass milk road", "add: 31+94", "json: color=red score=7", "sort: zoo oak moon king",
+    "reverse: apple stone river moon",
+    "add: 27+58",
+    "json: name=ana age=31 city=oslo",
+    "sort: river apple stone",
+    "reverse: boat door glass milk road",
+    "add: 31+94",
+    "json: color=red score=7",
+    "sort: zoo oak moon king",
 ]
 
 
@@ -62,15 +68,24 @@ def _median_time(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
-def run_engine_bench(model, tokenizer, *, new_tokens: int = 32, repeats: int = 3, label: str = "model",
-                     engine_config: EngineConfig = EngineConfig(), progress=None) -> EngineBenchResult:
+def run_engine_bench(
+    model,
+    tokenizer,
+    *,
+    new_tokens: int = 32,
+    repeats: int = 3,
+    label: str = "model",
+    engine_config: EngineConfig = EngineConfig(),
+    progress=None,
+) -> EngineBenchResult:
     from transformers import pipeline
 
     tick = progress.update if progress is not None else (lambda _=1: None)
     prompts1 = render_prompts(tokenizer, 4)  # batch-1 methods run these one after another
     greedy = SamplingParams(max_tokens=new_tokens, temperature=0, ignore_eos=True)
-    hf_kwargs = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
-                     pad_token_id=tokenizer.pad_token_id)
+    hf_kwargs = dict(
+        max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id
+    )
 
     generator = pipeline("text-generation", model=model, tokenizer=tokenizer, device=model.device)
 
@@ -96,22 +111,41 @@ def run_engine_bench(model, tokenizer, *, new_tokens: int = 32, repeats: int = 3
         return lambda: on.generate(ids, greedy)
 
     tokens1 = new_tokens * len(prompts1)
-    pipe_s = _median_time(run_pipeline, repeats); tick()
-    gen_s = _median_time(run_generate, repeats); tick()
-    b1_s = _median_time(run_aieng(1), repeats); tick()
-    b8_s = _median_time(run_aieng(8), repeats); tick()
-    b32_s = _median_time(run_aieng(32), repeats); tick()
+    pipe_s = _median_time(run_pipeline, repeats)
+    tick()
+    gen_s = _median_time(run_generate, repeats)
+    tick()
+    b1_s = _median_time(run_aieng(1), repeats)
+    tick()
+    b8_s = _median_time(run_aieng(8), repeats)
+    tick()
+    b32_s = _median_time(run_aieng(32), repeats)
+    tick()
     pipe, gen, b1 = tokens1 / pipe_s, tokens1 / gen_s, tokens1 / b1_s
     b32 = 32 * new_tokens / b32_s
     eager_b1 = eager_b32 = None
     if engine.compiled:
         eager = Engine(engine.model, tokenizer, config=replace(engine_config, compile=False, quantize_int8=False))
-        eager_b1 = tokens1 / _median_time(run_aieng(1, eager), repeats); tick()
-        eager_b32 = 32 * new_tokens / _median_time(run_aieng(32, eager), repeats); tick()
+        eager_b1 = tokens1 / _median_time(run_aieng(1, eager), repeats)
+        tick()
+        eager_b32 = 32 * new_tokens / _median_time(run_aieng(32, eager), repeats)
+        tick()
     return EngineBenchResult(
-        hf_pipeline_tok_s=pipe, hf_generate_tok_s=gen, aieng_b1_tok_s=b1, aieng_b8_tok_s=8 * new_tokens / b8_s,
-        aieng_b32_tok_s=b32, ratio_vs_generate=b1 / gen, ratio_vs_pipeline=b1 / pipe, b32_over_b1=b32 / b1,
-        new_tokens=new_tokens, repeats=repeats, model=label, threads=torch.get_num_threads(),
-        compile=engine.compiled, int8=engine_config.quantize_int8, warmup_s=warmup_s,
-        eager_b1_tok_s=eager_b1, eager_b32_tok_s=eager_b32,
+        hf_pipeline_tok_s=pipe,
+        hf_generate_tok_s=gen,
+        aieng_b1_tok_s=b1,
+        aieng_b8_tok_s=8 * new_tokens / b8_s,
+        aieng_b32_tok_s=b32,
+        ratio_vs_generate=b1 / gen,
+        ratio_vs_pipeline=b1 / pipe,
+        b32_over_b1=b32 / b1,
+        new_tokens=new_tokens,
+        repeats=repeats,
+        model=label,
+        threads=torch.get_num_threads(),
+        compile=engine.compiled,
+        int8=engine_config.quantize_int8,
+        warmup_s=warmup_s,
+        eager_b1_tok_s=eager_b1,
+        eager_b32_tok_s=eager_b32,
     )

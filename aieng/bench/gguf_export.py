@@ -35,15 +35,18 @@ FORMATS = ("f32", "q8_0")
 #: Hugging Face tokenizers' pre-tokenizer, as a signature -> the ``tokenizer.ggml.pre`` name whose
 #: regexes llama.cpp runs (src/llama-vocab.cpp): "starcoder" splits every digit (\p{N}) and then
 #: applies GPT-2's regex, as Digits(individual_digits) + ByteLevel(use_regex) does.
-PRE_TOKENIZERS = {
-    (("Digits", True), ("ByteLevel", False, True)): "starcoder",
-    (("ByteLevel", False, True),): "gpt-2",
-}
+PRE_TOKENIZERS = {(("Digits", True), ("ByteLevel", False, True)): "starcoder", (("ByteLevel", False, True),): "gpt-2"}
 
 _LAYER_TENSORS = {
-    "input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
-    "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output", "post_attention_layernorm": "ffn_norm",
-    "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+    "input_layernorm": "attn_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "post_attention_layernorm": "ffn_norm",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
 }
 _TOKEN_NORMAL, _TOKEN_CONTROL, _TOKEN_USER_DEFINED, _TOKEN_UNUSED = 1, 3, 4, 5  # gguf.TokenType
 
@@ -85,8 +88,10 @@ def read_config(folder: Path) -> dict:
     config = json.loads(path.read_text())
     archs = config.get("architectures") or []
     if config.get("model_type") != "llama" or archs != ["LlamaForCausalLM"]:
-        raise GGUFExportError(f"only Llama models convert to GGUF here (model_type 'llama', LlamaForCausalLM); "
-                              f"{folder} has model_type {config.get('model_type')!r}, architectures {archs}")
+        raise GGUFExportError(
+            f"only Llama models convert to GGUF here (model_type 'llama', LlamaForCausalLM); "
+            f"{folder} has model_type {config.get('model_type')!r}, architectures {archs}"
+        )
     for flag in ("attention_bias", "mlp_bias"):
         if config.get(flag):
             raise GGUFExportError(f"{flag}=true is not supported by this exporter")
@@ -139,7 +144,9 @@ def read_tokenizer(folder: Path, vocab_size: int) -> dict:
             types.append(_TOKEN_UNUSED)  # an embedding row no text maps to
             continue
         tokens.append(by_id[i])
-        types.append(_TOKEN_NORMAL if i not in added else _TOKEN_CONTROL if added[i].get("special") else _TOKEN_USER_DEFINED)
+        types.append(
+            _TOKEN_NORMAL if i not in added else _TOKEN_CONTROL if added[i].get("special") else _TOKEN_USER_DEFINED
+        )
     merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges") or []]
 
     cfg_path = folder / "tokenizer_config.json"
@@ -151,9 +158,17 @@ def read_tokenizer(folder: Path, vocab_size: int) -> dict:
         value = value.get("content") if isinstance(value, dict) else value
         return ids.get(value) if value is not None else None
 
-    return {"tokens": tokens, "types": types, "merges": merges, "pre": pre, "bos": special("bos"),
-            "eos": special("eos"), "pad": special("pad"), "unk": special("unk"),
-            "chat_template": tcfg.get("chat_template")}
+    return {
+        "tokens": tokens,
+        "types": types,
+        "merges": merges,
+        "pre": pre,
+        "bos": special("bos"),
+        "eos": special("eos"),
+        "pad": special("pad"),
+        "unk": special("unk"),
+        "chat_template": tcfg.get("chat_template"),
+    }
 
 
 def _pre_tokenizer_name(pre: dict | None) -> str:
@@ -168,8 +183,10 @@ def _pre_tokenizer_name(pre: dict | None) -> str:
             signature.append((step["type"],))
     name = PRE_TOKENIZERS.get(tuple(signature))
     if name is None:
-        raise GGUFExportError(f"pre-tokenizer {signature} has no llama.cpp equivalent known here "
-                              f"(known: {sorted(PRE_TOKENIZERS.values())})")
+        raise GGUFExportError(
+            f"pre-tokenizer {signature} has no llama.cpp equivalent known here "
+            f"(known: {sorted(PRE_TOKENIZERS.values())})"
+        )
     return name
 
 
@@ -179,8 +196,11 @@ def _pre_tokenizer_name(pre: dict | None) -> str:
 
 def gguf_tensor_name(hf_name: str) -> str | None:
     """llama.cpp's name for a Hugging Face Llama tensor; None for one that is not written."""
-    fixed = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-             "lm_head.weight": "output.weight"}
+    fixed = {
+        "model.embed_tokens.weight": "token_embd.weight",
+        "model.norm.weight": "output_norm.weight",
+        "lm_head.weight": "output.weight",
+    }
     if hf_name in fixed:
         return fixed[hf_name]
     parts = hf_name.split(".")
@@ -231,8 +251,12 @@ def export_gguf(folder: Path | str, out: Path | str, fmt: str = "f32", *, name: 
     writer.add_token_list(tok["tokens"])
     writer.add_token_types(tok["types"])
     writer.add_token_merges(tok["merges"])
-    for role, add in (("bos", writer.add_bos_token_id), ("eos", writer.add_eos_token_id),
-                      ("pad", writer.add_pad_token_id), ("unk", writer.add_unk_token_id)):
+    for role, add in (
+        ("bos", writer.add_bos_token_id),
+        ("eos", writer.add_eos_token_id),
+        ("pad", writer.add_pad_token_id),
+        ("unk", writer.add_unk_token_id),
+    ):
         if tok[role] is not None:
             add(tok[role])
     if tok["eos"] is not None:

@@ -41,8 +41,9 @@ class GrammarCost:
         return {k: round(v, 3) if isinstance(v, float) else v for k, v in asdict(self).items()}
 
 
-def measure_mask_cost(engine: Engine, *, batch: int = 32, new_tokens: int = 64, repeats: int = 5,
-                      workload: str = "forced", progress=None) -> GrammarCost:
+def measure_mask_cost(
+    engine: Engine, *, batch: int = 32, new_tokens: int = 64, repeats: int = 5, workload: str = "forced", progress=None
+) -> GrammarCost:
     """``forced``: ``batch`` bench prompts decode ``new_tokens`` each under ``ENDLESS_ARRAY`` (a
     format the model does not want to write, so every row is masked every step). ``json_task``:
     ``batch`` held-out json prompts, greedy, each under its own schema, against the same prompts
@@ -58,8 +59,9 @@ def measure_mask_cost(engine: Engine, *, batch: int = 32, new_tokens: int = 64, 
         examples = [e for e in held_out_examples(0, batch) if e.family == "json"][:batch]
         ids = [engine.encode(user_prompt(engine.tokenizer, e.prompt)) for e in examples]
         free = [SamplingParams(max_tokens=48, temperature=0)] * len(ids)
-        constrained = [replace(free[0], constraint=Constraint.json_schema(schema_for(json.loads(e.answer))))
-                       for e in examples]
+        constrained = [
+            replace(free[0], constraint=Constraint.json_schema(schema_for(json.loads(e.answer)))) for e in examples
+        ]
     else:
         raise ValueError(f"unknown workload {workload!r}: forced or json_task")
     rates: dict[str, list[float]] = {"free": [], "constrained": []}
@@ -71,18 +73,29 @@ def measure_mask_cost(engine: Engine, *, batch: int = 32, new_tokens: int = 64, 
             rates[name].append(sum(r.completion_tokens for r in results) / (time.perf_counter() - start))
             tick()
     free_rate, constrained_rate = statistics.median(rates["free"]), statistics.median(rates["constrained"])
-    return GrammarCost(workload=workload, batch=len(ids), repeats=repeats, free_tok_s=free_rate,
-                       constrained_tok_s=constrained_rate, cost_pct=100 * (1 - constrained_rate / free_rate))
+    return GrammarCost(
+        workload=workload,
+        batch=len(ids),
+        repeats=repeats,
+        free_tok_s=free_rate,
+        constrained_tok_s=constrained_rate,
+        cost_pct=100 * (1 - constrained_rate / free_rate),
+    )
 
 
 def schema_for(record: dict) -> dict:
     """The schema a client expecting ``record``'s shape would send: its fields in order, typed."""
-    return {"type": "object", "additionalProperties": False, "required": list(record),
-            "properties": {k: {"type": "integer" if isinstance(v, int) else "string"} for k, v in record.items()}}
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "required": list(record),
+        "properties": {k: {"type": "integer" if isinstance(v, int) else "string"} for k, v in record.items()},
+    }
 
 
-def json_task_report(engine: Engine, *, n: int = 64, seed: int = 0, max_tokens: int = 48,
-                     temperature: float = 0.0) -> dict:
+def json_task_report(
+    engine: Engine, *, n: int = 64, seed: int = 0, max_tokens: int = 48, temperature: float = 0.0
+) -> dict:
     """Validity and accuracy on ``n`` held-out ``json`` prompts, free / json_object / per-prompt
     schema; sampled rows (``temperature`` > 0) are seeded by their index, the same in every mode."""
     import jsonschema
@@ -100,8 +113,10 @@ def json_task_report(engine: Engine, *, n: int = 64, seed: int = 0, max_tokens: 
     }
     report = {"prompts": len(examples), "temperature": temperature}
     for mode, constraints in modes.items():
-        params = [SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=i, constraint=c)
-                  for i, c in enumerate(constraints)]
+        params = [
+            SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=i, constraint=c)
+            for i, c in enumerate(constraints)
+        ]
         valid = correct = 0
         for result, schema, answer in zip(engine.generate(prompts, params), schemas, expected):
             try:

@@ -87,8 +87,10 @@ async def _one(session: aiohttp.ClientSession, url: str, body: dict) -> RequestS
                         tokens += 1
                         if ttft is None:
                             ttft = time.perf_counter() - start
-        return RequestSample(time.perf_counter() - start, ttft, usage_tokens if usage_tokens is not None else tokens, 200)
-    except (aiohttp.ClientError, aiohttp.http_exceptions.HttpProcessingError, asyncio.TimeoutError, ValueError) as exc:
+        return RequestSample(
+            time.perf_counter() - start, ttft, usage_tokens if usage_tokens is not None else tokens, 200
+        )
+    except (TimeoutError, aiohttp.ClientError, aiohttp.http_exceptions.HttpProcessingError, ValueError) as exc:
         # ValueError: a chunk that is not JSON or not UTF-8 fails this request, not the whole run
         return RequestSample(time.perf_counter() - start, None, 0, 0, repr(exc))
 
@@ -99,12 +101,30 @@ def plain_content_chunk(line: str) -> bool:
     Works for both servers the bench drives: aieng writes ``"finish_reason":null`` mid-stream,
     transformers serve leaves the key out; a finished chunk has a quoted reason either way.
     """
-    return not any(marker in line for marker in ('"finish_reason":"', '"finish_reason": "', '"usage"', '"error"',
-                                                 '"text":""', '"text": ""', '"content":""', '"content": ""'))
+    return not any(
+        marker in line
+        for marker in (
+            '"finish_reason":"',
+            '"finish_reason": "',
+            '"usage"',
+            '"error"',
+            '"text":""',
+            '"text": ""',
+            '"content":""',
+            '"content": ""',
+        )
+    )
 
 
-async def run_load_async(base_url: str, bodies: list[dict], *, concurrency: int, route: str = "/v1/completions",
-                         timeout: float = 300.0, progress=None) -> LoadResult:
+async def run_load_async(
+    base_url: str,
+    bodies: list[dict],
+    *,
+    concurrency: int,
+    route: str = "/v1/completions",
+    timeout: float = 300.0,
+    progress=None,
+) -> LoadResult:
     url = base_url.rstrip("/") + route
     pending = list(bodies)
     samples: list[RequestSample] = []
@@ -112,6 +132,7 @@ async def run_load_async(base_url: str, bodies: list[dict], *, concurrency: int,
     # ``timeout`` bounds each read, not the whole stream: a long generation under load is not an error
     client_timeout = aiohttp.ClientTimeout(total=None, sock_connect=timeout, sock_read=timeout)
     async with aiohttp.ClientSession(connector=connector, timeout=client_timeout) as session:
+
         async def worker():
             while pending:
                 body = pending.pop()
@@ -131,11 +152,19 @@ async def run_load_async(base_url: str, bodies: list[dict], *, concurrency: int,
     ttfts = [s.ttft_s for s in ok if s.ttft_s is not None]
     tokens = sum(s.completion_tokens for s in ok)
     return LoadResult(
-        concurrency=concurrency, requests=len(samples), ok=len(ok), errors=len(samples) - len(ok), wall_s=wall,
-        req_per_s=len(ok) / wall, output_tok_per_s=tokens / wall,
+        concurrency=concurrency,
+        requests=len(samples),
+        ok=len(ok),
+        errors=len(samples) - len(ok),
+        wall_s=wall,
+        req_per_s=len(ok) / wall,
+        output_tok_per_s=tokens / wall,
         mean_completion_tokens=statistics.mean([s.completion_tokens for s in ok]) if ok else 0.0,
-        latency_p50_s=percentile(latencies, 50), latency_p99_s=percentile(latencies, 99),
-        ttft_p50_s=percentile(ttfts, 50), ttft_p99_s=percentile(ttfts, 99), status_counts=statuses,
+        latency_p50_s=percentile(latencies, 50),
+        latency_p99_s=percentile(latencies, 99),
+        ttft_p50_s=percentile(ttfts, 50),
+        ttft_p99_s=percentile(ttfts, 99),
+        status_counts=statuses,
     )
 
 

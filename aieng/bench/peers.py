@@ -40,13 +40,17 @@ PEER_KINDS = ("transformers", "llama.cpp", "llama-cpp-python")
 GGUF_KINDS = ("llama.cpp", "llama-cpp-python")
 #: The exact pins of the ``peers`` extra in pyproject.toml (kept equal by tests/bench/test_peers.py).
 LLAMA_CPP_PYTHON = "llama-cpp-python[server]==0.3.36"
-LLAMA_CPP_PYTHON_HINT = (f"install it with: .venv/bin/pip install '{LLAMA_CPP_PYTHON}'  (or: pip install -e '.[peers]'; "
-                         "it builds llama.cpp, minutes; where ggml's AMX path faults (SIGILL), first export "
-                         "CMAKE_ARGS='-DGGML_NATIVE=ON -DCMAKE_C_FLAGS=\"-mno-amx-tile -mno-amx-int8 -mno-amx-bf16\" "
-                         "-DCMAKE_CXX_FLAGS=\"-mno-amx-tile -mno-amx-int8 -mno-amx-bf16\"')")
-LLAMA_SERVER_HINT = ("no llama-server binary ($AIENG_LLAMA_SERVER, PATH, or beside this Python); build it from the "
-                     "llama-cpp-python sdist's vendored llama.cpp (cmake and a C++ compiler, ~15 min on 2 cores) with: "
-                     ".venv/bin/python -m aieng.bench.peers build-llama-server")
+LLAMA_CPP_PYTHON_HINT = (
+    f"install it with: .venv/bin/pip install '{LLAMA_CPP_PYTHON}'  (or: pip install -e '.[peers]'; "
+    "it builds llama.cpp, minutes; where ggml's AMX path faults (SIGILL), first export "
+    'CMAKE_ARGS=\'-DGGML_NATIVE=ON -DCMAKE_C_FLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16" '
+    '-DCMAKE_CXX_FLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"\')'
+)
+LLAMA_SERVER_HINT = (
+    "no llama-server binary ($AIENG_LLAMA_SERVER, PATH, or beside this Python); build it from the "
+    "llama-cpp-python sdist's vendored llama.cpp (cmake and a C++ compiler, ~15 min on 2 cores) with: "
+    ".venv/bin/python -m aieng.bench.peers build-llama-server"
+)
 TRANSFORMERS_HINT = "install the dev extra: pip install -e '.[dev]' (transformers serve needs accelerate)"
 
 
@@ -107,8 +111,9 @@ def peer_threads(requested: int = 0, model_dir: Path | None = None) -> int:
     if int(os.environ.get("AIENG_TORCH_THREADS", "0") or 0):
         return int(os.environ["AIENG_TORCH_THREADS"])
     weights = f32_weight_bytes(model_dir) if model_dir is not None else 0
-    return plan_workers(cores=os.cpu_count() or 1, available_bytes=1 << 40, weight_bytes=weights,
-                        per_worker_bytes=1, requested=1).torch_threads
+    return plan_workers(
+        cores=os.cpu_count() or 1, available_bytes=1 << 40, weight_bytes=weights, per_worker_bytes=1, requested=1
+    ).torch_threads
 
 
 def f32_weight_bytes(model_dir: Path) -> int:
@@ -127,8 +132,11 @@ def peer_body_extra(kind: str | bool, max_tokens: int, eos_id: int | None) -> di
     transformers serve refuses unknown fields (422), so each body carries only its server's.
     """
     if kind in (True, "transformers"):
-        return {"generation_config": json.dumps({"max_new_tokens": max_tokens, "min_new_tokens": max_tokens,
-                                                 "do_sample": False})}
+        return {
+            "generation_config": json.dumps(
+                {"max_new_tokens": max_tokens, "min_new_tokens": max_tokens, "do_sample": False}
+            )
+        }
     if kind == "llama.cpp":
         return {"ignore_eos": True}
     if kind == "llama-cpp-python":  # no ignore_eos: a logit bias that EOS never wins against
@@ -158,16 +166,22 @@ class PeerServer(ServerProcess):
 
 
 def find_llama_server() -> str | None:
-    for candidate in (os.environ.get("AIENG_LLAMA_SERVER"), shutil.which("llama-server"),
-                      str(Path(sys.executable).parent / "llama-server")):
+    for candidate in (
+        os.environ.get("AIENG_LLAMA_SERVER"),
+        shutil.which("llama-server"),
+        str(Path(sys.executable).parent / "llama-server"),
+    ):
         if candidate and Path(candidate).is_file() and os.access(candidate, os.X_OK):
             return candidate
     return None
 
 
 def llama_cpp_python_missing() -> list[str]:
-    return [m for m in ("llama_cpp", "sse_starlette", "starlette_context", "pydantic_settings")
-            if importlib.util.find_spec(m) is None]
+    return [
+        m
+        for m in ("llama_cpp", "sse_starlette", "starlette_context", "pydantic_settings")
+        if importlib.util.find_spec(m) is None
+    ]
 
 
 def check_available(spec: PeerSpec) -> None:
@@ -177,30 +191,83 @@ def check_available(spec: PeerSpec) -> None:
         if not Path(exe).is_file() or importlib.util.find_spec("accelerate") is None:
             raise PeerUnavailable(f"transformers serve is not installed; {TRANSFORMERS_HINT}")
     elif spec.kind == "llama-cpp-python" and (missing := llama_cpp_python_missing()):
-        raise PeerUnavailable(f"llama-cpp-python is not installed (missing {', '.join(missing)}); {LLAMA_CPP_PYTHON_HINT}")
+        raise PeerUnavailable(
+            f"llama-cpp-python is not installed (missing {', '.join(missing)}); {LLAMA_CPP_PYTHON_HINT}"
+        )
     elif spec.kind == "llama.cpp" and find_llama_server() is None:
         raise PeerUnavailable(f"llama.cpp: {LLAMA_SERVER_HINT}")
 
 
-def peer_server(spec: PeerSpec, *, model_dir: Path, gguf: Path | None, threads: int, slots: int,
-                slot_ctx: int) -> PeerServer:
+def peer_server(
+    spec: PeerSpec, *, model_dir: Path, gguf: Path | None, threads: int, slots: int, slot_ctx: int
+) -> PeerServer:
     """The (unstarted) server for ``spec``; use it as a context manager."""
     if spec.kind == "transformers":
         exe = shutil.which("transformers") or str(Path(sys.executable).parent / "transformers")
-        return PeerServer(name="transformers serve", health_path="/health",
-                          argv=[exe, "serve", str(model_dir), "--continuous-batching", "--host", "127.0.0.1",
-                                "--port", "{port}", "--device", "cpu"])
+        return PeerServer(
+            name="transformers serve",
+            health_path="/health",
+            argv=[
+                exe,
+                "serve",
+                str(model_dir),
+                "--continuous-batching",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "{port}",
+                "--device",
+                "cpu",
+            ],
+        )
     if spec.kind == "llama.cpp":
         # -np slots share one KV cache of slots x slot_ctx cells; continuous batching is on by default
-        return PeerServer(name="llama-server", health_path="/health",
-                          argv=[find_llama_server(), "--model", str(gguf), "--host", "127.0.0.1", "--port", "{port}",
-                                "--threads", str(threads), "--threads-batch", str(threads),
-                                "--parallel", str(slots), "--ctx-size", str(slots * slot_ctx), "--cont-batching",
-                                "--no-webui"])
-    return PeerServer(name="llama_cpp.server", health_path="/v1/models",
-                      argv=[sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--host", "127.0.0.1",
-                            "--port", "{port}", "--n_threads", str(threads), "--n_threads_batch", str(threads),
-                            "--n_ctx", str(slot_ctx), "--interrupt_requests", "False"])
+        return PeerServer(
+            name="llama-server",
+            health_path="/health",
+            argv=[
+                find_llama_server(),
+                "--model",
+                str(gguf),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "{port}",
+                "--threads",
+                str(threads),
+                "--threads-batch",
+                str(threads),
+                "--parallel",
+                str(slots),
+                "--ctx-size",
+                str(slots * slot_ctx),
+                "--cont-batching",
+                "--no-webui",
+            ],
+        )
+    return PeerServer(
+        name="llama_cpp.server",
+        health_path="/v1/models",
+        argv=[
+            sys.executable,
+            "-m",
+            "llama_cpp.server",
+            "--model",
+            str(gguf),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "{port}",
+            "--n_threads",
+            str(threads),
+            "--n_threads_batch",
+            str(threads),
+            "--n_ctx",
+            str(slot_ctx),
+            "--interrupt_requests",
+            "False",
+        ],
+    )
 
 
 @contextlib.contextmanager
@@ -216,8 +283,9 @@ def connection_per_request(on: bool = True):
     if not on:
         yield
         return
-    import aiohttp
     from unittest import mock
+
+    import aiohttp
 
     with mock.patch.object(aiohttp, "TCPConnector", functools.partial(aiohttp.TCPConnector, force_close=True)):
         yield
@@ -227,8 +295,12 @@ def connection_per_request(on: bool = True):
 # building llama-server
 
 
-def build_llama_server(dest: Path | None = None, work: Path = Path("/tmp/aieng-llama-server-build"),
-                       jobs: int | None = None, amx: bool = False) -> Path:
+def build_llama_server(
+    dest: Path | None = None,
+    work: Path = Path("/tmp/aieng-llama-server-build"),
+    jobs: int | None = None,
+    amx: bool = False,
+) -> Path:
     """Build llama.cpp's ``llama-server`` from the llama-cpp-python sdist (the same llama.cpp the
     pinned wheel builds) and copy the static binary to ``dest`` (default: beside this Python)."""
     import tarfile
@@ -238,8 +310,10 @@ def build_llama_server(dest: Path | None = None, work: Path = Path("/tmp/aieng-l
     sdists = sorted(work.glob("llama_cpp_python-*.tar.gz"))
     if not sdists:
         pin = LLAMA_CPP_PYTHON.replace("[server]", "")
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", pin,
-                        "-d", str(work)], check=True)
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", pin, "-d", str(work)],
+            check=True,
+        )
         sdists = sorted(work.glob("llama_cpp_python-*.tar.gz"))
     src = work / sdists[-1].name.removesuffix(".tar.gz")
     if not src.is_dir():
@@ -247,12 +321,29 @@ def build_llama_server(dest: Path | None = None, work: Path = Path("/tmp/aieng-l
             tar.extractall(work, filter="data")
     llama_src, build = src / "vendor" / "llama.cpp", work / "build"
     flags = [] if amx else [f"-DCMAKE_{lang}_FLAGS={NO_AMX}" for lang in ("C", "CXX")]
-    subprocess.run(["cmake", "-S", str(llama_src), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON",
-                    "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
-                    "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF", "-DLLAMA_BUILD_UI=OFF", *flags],
-                   check=True)
-    subprocess.run(["cmake", "--build", str(build), "--target", "llama-server", "-j", str(jobs or os.cpu_count() or 1)],
-                   check=True)
+    subprocess.run(
+        [
+            "cmake",
+            "-S",
+            str(llama_src),
+            "-B",
+            str(build),
+            "-DCMAKE_BUILD_TYPE=Release",
+            "-DGGML_NATIVE=ON",
+            "-DBUILD_SHARED_LIBS=OFF",
+            "-DLLAMA_CURL=OFF",
+            "-DLLAMA_OPENSSL=OFF",
+            "-DLLAMA_BUILD_TESTS=OFF",
+            "-DLLAMA_BUILD_EXAMPLES=OFF",
+            "-DLLAMA_USE_PREBUILT_UI=OFF",
+            "-DLLAMA_BUILD_UI=OFF",
+            *flags,
+        ],
+        check=True,
+    )
+    subprocess.run(
+        ["cmake", "--build", str(build), "--target", "llama-server", "-j", str(jobs or os.cpu_count() or 1)], check=True
+    )
     shutil.copy2(build / "bin" / "llama-server", dest)
     return dest
 

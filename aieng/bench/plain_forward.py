@@ -15,7 +15,9 @@ import torch
 
 
 @torch.inference_mode()
-def plain_decode_tokens_per_s(model, *, batch: int, prompt_tokens: int = 20, steps: int = 32, repeats: int = 3) -> float:
+def plain_decode_tokens_per_s(
+    model, *, batch: int, prompt_tokens: int = 20, steps: int = 32, repeats: int = 3
+) -> float:
     from transformers import DynamicCache
 
     device = next(model.parameters()).device

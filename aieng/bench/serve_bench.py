@@ -17,9 +17,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from aieng.bench.engine_bench import render_prompts
-from aieng.bench.load import LoadResult, run_load
-from aieng.bench.peers import (PeerSpec, PeerUnavailable, check_available, connection_per_request, peer_body_extra,
-                               peer_server, peer_threads)
+from aieng.bench.load import run_load
+from aieng.bench.peers import (
+    PeerSpec,
+    PeerUnavailable,
+    check_available,
+    connection_per_request,
+    peer_body_extra,
+    peer_server,
+    peer_threads,
+)
 from aieng.bench.server_process import ServerProcess, ServerStartError
 
 
@@ -61,8 +68,18 @@ def request_bodies(tokenizer, model_name: str, count: int, max_tokens: int, *, p
     """
     prompts = render_prompts(tokenizer, count)
     extra = peer_body_extra(peer or "aieng", max_tokens, getattr(tokenizer, "eos_token_id", None))
-    return [{"model": model_name, "prompt": p, "max_tokens": max_tokens, "temperature": 0, "stream": True,
-             "stream_options": {"include_usage": True}, **extra} for p in prompts]
+    return [
+        {
+            "model": model_name,
+            "prompt": p,
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            **extra,
+        }
+        for p in prompts
+    ]
 
 
 def measure_levels(base_url: str, bodies_for, config: ServeBenchConfig, progress=None) -> dict:
@@ -103,10 +120,14 @@ def measure_pss(store: Path, model_ref: str, bodies_for) -> dict:
             warm_up(proc.base_url, bodies_for)  # PSS after traffic, not of an idle process
             sizes[workers] = (sum(worker_pss(proc, workers)), pss_bytes(proc.process.pid))
     (one_workers, one_master), (two_workers, two_master) = sizes[1], sizes[2]
-    return {"one_worker_bytes": one_workers, "two_workers_bytes": two_workers,
-            "workers_ratio": two_workers / max(1, one_workers),
-            "service_one_worker_bytes": one_workers + one_master, "service_two_workers_bytes": two_workers + two_master,
-            "ratio": (two_workers + two_master) / max(1, one_workers + one_master)}
+    return {
+        "one_worker_bytes": one_workers,
+        "two_workers_bytes": two_workers,
+        "workers_ratio": two_workers / max(1, one_workers),
+        "service_one_worker_bytes": one_workers + one_master,
+        "service_two_workers_bytes": two_workers + two_master,
+        "ratio": (two_workers + two_master) / max(1, one_workers + one_master),
+    }
 
 
 def worker_pss(proc: ServerProcess, expected_workers: int) -> list[int]:
@@ -119,8 +140,9 @@ def worker_pss(proc: ServerProcess, expected_workers: int) -> list[int]:
     return [pss_bytes(child.pid) for child in master.children()]
 
 
-def run_serve_bench(store: Path, model_ref: str, model_dir: Path, tokenizer, config: ServeBenchConfig,
-                    progress=None, log=print) -> ServeBenchResult:
+def run_serve_bench(
+    store: Path, model_ref: str, model_dir: Path, tokenizer, config: ServeBenchConfig, progress=None, log=print
+) -> ServeBenchResult:
     name = model_ref.split("@")[0]
     bench = ServeBenchResult()
 
@@ -147,6 +169,8 @@ def run_serve_bench(store: Path, model_ref: str, model_dir: Path, tokenizer, con
     if config.plain_forward:
         log("[bench serve] the plain batched forward at batch 32 (the hardware's reference rate)")
         bench.plain_forward = measure_plain_forward(model_dir)
+    from aieng.bench.serve_report import evaluate_targets
+
     bench.targets = evaluate_targets(bench)
     return bench
 
@@ -170,8 +194,16 @@ def measure_plain_forward(model_dir: Path, batch: int = 32) -> dict:
     return {"batch": batch, "threads": threads, "tok_s": round(rate, 1)}
 
 
-def run_peer(bench: ServeBenchResult, spec: PeerSpec, model_dir: Path, tokenizer, config: ServeBenchConfig,
-             bodies_for, progress, log) -> None:
+def run_peer(
+    bench: ServeBenchResult,
+    spec: PeerSpec,
+    model_dir: Path,
+    tokenizer,
+    config: ServeBenchConfig,
+    bodies_for,
+    progress,
+    log,
+) -> None:
     """Measure one peer; a peer that is missing or fails is recorded in ``peer_errors``, not raised."""
     from aieng.bench.gguf_export import cached_export
     from aieng.model_facts import context_length
@@ -186,14 +218,19 @@ def run_peer(bench: ServeBenchResult, spec: PeerSpec, model_dir: Path, tokenizer
         threads = peer_threads(config.peer_threads, model_dir)
         ctx = context_length(_config_dict(model_dir)) or 2048
         slot_ctx = min(ctx, max(256, config.max_tokens + 192))  # the bench's prompts are < 64 tokens
-        server = peer_server(spec, model_dir=model_dir, gguf=gguf, threads=threads, slots=config.peer_slots,
-                             slot_ctx=slot_ctx)
+        server = peer_server(
+            spec, model_dir=model_dir, gguf=gguf, threads=threads, slots=config.peer_slots, slot_ctx=slot_ctx
+        )
         log(f"[bench serve] {spec.label}: starting {server.name} ({threads} threads)")
         with server, connection_per_request(spec.kind == "llama.cpp"):
-            bench.peer_info[spec.label] = {"command": " ".join(server.command()), "threads": threads,
-                                           "gguf": str(gguf) if gguf else None}
-            bench.results[spec.label] = measure_levels(server.base_url, bodies_for(str(gguf or model_dir), spec.kind),
-                                                       config, progress)
+            bench.peer_info[spec.label] = {
+                "command": " ".join(server.command()),
+                "threads": threads,
+                "gguf": str(gguf) if gguf else None,
+            }
+            bench.results[spec.label] = measure_levels(
+                server.base_url, bodies_for(str(gguf or model_dir), spec.kind), config, progress
+            )
     except PeerUnavailable as exc:
         bench.peer_errors[spec.label] = str(exc)
         log(f"[bench serve] {spec.label} skipped: {exc}")
@@ -218,8 +255,9 @@ def process_tree_cpu_s(pid: int) -> float:
     return total
 
 
-def measure_metrics_overhead(store: Path, model_ref: str, bodies_for, config: ServeBenchConfig,
-                             progress=None, concurrency: int = 32) -> dict:
+def measure_metrics_overhead(
+    store: Path, model_ref: str, bodies_for, config: ServeBenchConfig, progress=None, concurrency: int = 32
+) -> dict:
     """Two servers, identical but for ``AIENG_METRICS``, up at the same time and driven in turns
     (on, off, off, on, ...), so both see the same machine. Per round: p50 latency, req/s, and the
     server's CPU seconds per request. Latency noise between rounds is larger than the 2% being
@@ -230,8 +268,10 @@ def measure_metrics_overhead(store: Path, model_ref: str, bodies_for, config: Se
 
     n = max(config.requests_per_level, 2 * concurrency)
     rounds: dict[str, list[dict]] = {"on": [], "off": []}
-    with ServerProcess(store=store, model=model_ref, extra_args=["--workers", "1"], env={"AIENG_METRICS": "1"}) as on, \
-            ServerProcess(store=store, model=model_ref, extra_args=["--workers", "1"], env={"AIENG_METRICS": "0"}) as off:
+    with (
+        ServerProcess(store=store, model=model_ref, extra_args=["--workers", "1"], env={"AIENG_METRICS": "1"}) as on,
+        ServerProcess(store=store, model=model_ref, extra_args=["--workers", "1"], env={"AIENG_METRICS": "0"}) as off,
+    ):
         servers = {"on": on, "off": off}
         for proc in servers.values():
             warm_up(proc.base_url, bodies_for)
@@ -242,8 +282,14 @@ def measure_metrics_overhead(store: Path, model_ref: str, bodies_for, config: Se
                 cpu_before = process_tree_cpu_s(proc.process.pid)
                 result = run_load(proc.base_url, bodies_for(n), concurrency=concurrency, progress=progress)
                 cpu = process_tree_cpu_s(proc.process.pid) - cpu_before
-                rounds[label].append({"latency_p50_s": result.latency_p50_s, "req_per_s": result.req_per_s,
-                                      "cpu_ms_per_request": 1000 * cpu / max(1, result.ok), "errors": result.errors})
+                rounds[label].append(
+                    {
+                        "latency_p50_s": result.latency_p50_s,
+                        "req_per_s": result.req_per_s,
+                        "cpu_ms_per_request": 1000 * cpu / max(1, result.ok),
+                        "errors": result.errors,
+                    }
+                )
 
     def median(label: str, key: str) -> float:
         return statistics.median(r[key] for r in rounds[label])
@@ -254,92 +300,8 @@ def measure_metrics_overhead(store: Path, model_ref: str, bodies_for, config: Se
     summary["latency_overhead_pct"] = 100 * (summary["latency_p50_s_on"] / summary["latency_p50_s_off"] - 1)
     # Paired: each round drives both servers back to back, so its on/off ratio cancels the drift
     # of the machine between rounds; the median of those ratios is the estimate the target uses.
-    summary["latency_overhead_paired_pct"] = 100 * (statistics.median(
-        a["latency_p50_s"] / b["latency_p50_s"] for a, b in zip(rounds["on"], rounds["off"])) - 1)
+    summary["latency_overhead_paired_pct"] = 100 * (
+        statistics.median(a["latency_p50_s"] / b["latency_p50_s"] for a, b in zip(rounds["on"], rounds["off"])) - 1
+    )
     summary["cpu_overhead_pct"] = 100 * (summary["cpu_ms_per_request_on"] / summary["cpu_ms_per_request_off"] - 1)
     return summary
-
-
-def evaluate_targets(bench: ServeBenchResult) -> dict:
-    r = bench.results
-    targets = {}
-    on, off = r.get("aieng", {}), r.get("aieng_batching_off", {})
-    if 32 in on and 32 in off and off[32]["ok"] and on[32]["ok"]:
-        ratio = on[32]["req_per_s"] / off[32]["req_per_s"]
-        targets["batching_on_over_off_c32"] = {"value": round(ratio, 2), "target": ">= 6", "met": ratio >= 6}
-    if 32 in on:
-        ttft = on[32]["ttft_p99_s"]
-        targets["ttft_p99_c32_s"] = {"value": round(ttft, 3), "target": "<= 1.0", "met": ttft <= 1.0}
-    peer = r.get("transformers_cb", {})
-    for c in (32, 64):
-        if c in on and c in peer and peer[c]["ok"] == 0:
-            targets[f"vs_transformers_c{c}"] = {"value": None, "target": ">= 1.5 and p99 no worse", "met": False,
-                                                "error": f"transformers serve answered no request: {peer[c]['status_counts']}"}
-        elif c in on and c in peer:
-            ratio = on[c]["req_per_s"] / peer[c]["req_per_s"]
-            p99_ok = on[c]["latency_p99_s"] <= peer[c]["latency_p99_s"]
-            targets[f"vs_transformers_c{c}"] = {"value": round(ratio, 2), "target": ">= 1.5 and p99 no worse",
-                                                "p99_aieng_s": on[c]["latency_p99_s"],
-                                                "p99_transformers_s": peer[c]["latency_p99_s"],
-                                                "met": ratio >= 1.5 and p99_ok}
-    for label, levels in r.items():  # the GGUF peers: reported side by side, no target set for them yet
-        if not label.startswith("llama"):
-            continue
-        for c in (1, 32, 64):
-            if c in on and c in levels and levels[c]["ok"] and on[c]["ok"]:
-                targets[f"vs_{label}_c{c}"] = {
-                    "value": round(on[c]["output_tok_per_s"] / levels[c]["output_tok_per_s"], 2),
-                    "target": "aieng/peer tok/s (reported)", "met": None,
-                    "p99_ratio": round(on[c]["latency_p99_s"] / levels[c]["latency_p99_s"], 2),
-                    "p99_aieng_s": on[c]["latency_p99_s"], "p99_peer_s": levels[c]["latency_p99_s"]}
-    if bench.plain_forward and 32 in on and on[32]["ok"]:
-        share = on[32]["output_tok_per_s"] / bench.plain_forward["tok_s"]
-        targets["share_of_plain_forward_c32"] = {"value": round(share, 2), "target": ">= 0.8 (aieng C=32 tok/s over "
-                                                 "the plain batched forward at batch 32)", "met": share >= 0.8}
-    if bench.metrics_overhead:
-        m = bench.metrics_overhead
-        targets["metrics_overhead_c32_pct"] = {
-            "value": round(m["latency_overhead_paired_pct"], 2),
-            "target": "< 2 (p50 latency, median of the rounds' paired on/off ratios)",
-            "ratio_of_medians_pct": round(m["latency_overhead_pct"], 2),
-            "cpu_overhead_pct": round(m["cpu_overhead_pct"], 2), "met": m["latency_overhead_paired_pct"] < 2}
-    if bench.pss:
-        targets["pss_two_over_one"] = {"value": round(bench.pss["ratio"], 2), "target": "<= 1.3 (master + workers)",
-                                       "workers_only": round(bench.pss["workers_ratio"], 2),
-                                       "met": bench.pss["ratio"] <= 1.3}
-    return targets
-
-
-def format_table(bench: ServeBenchResult) -> str:
-    lines = [f"{'config':20} {'C':>4} {'req/s':>8} {'tok/s':>9} {'p50 s':>7} {'p99 s':>7} {'ttft50':>7} {'ttft99':>7} "
-             f"{'tok/req':>7} {'err':>4}"]
-    for label, levels in bench.results.items():
-        for c, m in levels.items():
-            lines.append(f"{label:20} {c:>4} {m['req_per_s']:8.2f} {m['output_tok_per_s']:9.1f} {m['latency_p50_s']:7.3f} "
-                         f"{m['latency_p99_s']:7.3f} {m['ttft_p50_s']:7.3f} {m['ttft_p99_s']:7.3f} "
-                         f"{m['mean_completion_tokens']:7.1f} {m['errors']:>4}")
-    if bench.pss:
-        p = bench.pss
-        lines.append(f"PSS, master + workers: 1 worker {p['service_one_worker_bytes'] / 2**20:.0f} MiB, 2 preloaded workers "
-                     f"{p['service_two_workers_bytes'] / 2**20:.0f} MiB (ratio {p['ratio']:.2f}); workers only "
-                     f"{p['one_worker_bytes'] / 2**20:.0f} vs {p['two_workers_bytes'] / 2**20:.0f} MiB "
-                     f"(ratio {p['workers_ratio']:.2f}, at least 4/3 by construction)")
-    if bench.plain_forward:
-        p = bench.plain_forward
-        lines.append(f"plain batched forward, batch {p['batch']}, {p['threads']} threads: {p['tok_s']:.1f} tok/s "
-                     "(the hardware's reference rate)")
-    if bench.metrics_overhead:
-        m = bench.metrics_overhead
-        lines.append(f"metrics on vs off at C={m['concurrency']} (median of {len(m['rounds']['on'])} alternating rounds): "
-                     f"p50 {m['latency_p50_s_on']:.3f} s vs {m['latency_p50_s_off']:.3f} s "
-                     f"({m['latency_overhead_pct']:+.1f}%; paired per round {m['latency_overhead_paired_pct']:+.1f}%), server CPU {m['cpu_ms_per_request_on']:.2f} vs "
-                     f"{m['cpu_ms_per_request_off']:.2f} ms/request ({m['cpu_overhead_pct']:+.1f}%)")
-    for key, t in bench.targets.items():
-        verdict = "reported" if t["met"] is None else "met" if t["met"] else "MISSED"
-        extra = f", p99 aieng/peer {t['p99_ratio']}" if "p99_ratio" in t else ""
-        lines.append(f"target {key}: {t['value']} ({t['target']}{extra}) -> {verdict}")
-    for label, info in bench.peer_info.items():
-        lines.append(f"peer {label}: {info['command']}")
-    for label, why in bench.peer_errors.items():
-        lines.append(f"peer {label} not measured: {why}")
-    return "\n".join(lines)

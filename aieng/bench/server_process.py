@@ -91,10 +91,23 @@ class ServerProcess:
         return f"http://{self.host}:{self.port}"
 
     def command(self) -> list[str]:
-        return [sys.executable, "-m", "aieng", "--store", str(self.store), "serve", "--host", self.host,
-                "--port", str(self.port), "--model", self.model, *self.extra_args]
+        return [
+            sys.executable,
+            "-m",
+            "aieng",
+            "--store",
+            str(self.store),
+            "serve",
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+            "--model",
+            self.model,
+            *self.extra_args,
+        ]
 
-    def start(self) -> "ServerProcess":
+    def start(self) -> ServerProcess:
         if not self.port:
             self.port = free_port(self.host)
         if self.log_path is None:
@@ -103,8 +116,14 @@ class ServerProcess:
             self.log_path = Path(tempfile.mkstemp(prefix="aieng-server-", suffix=".log")[1])
         env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", **self.env}
         self._log = open(self.log_path, "wb")
-        self.process = subprocess.Popen(self.command(), stdout=self._log, stderr=subprocess.STDOUT, env=env,
-                                        start_new_session=True, preexec_fn=_die_with_parent())
+        self.process = subprocess.Popen(
+            self.command(),
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+            preexec_fn=_die_with_parent(),
+        )
         atexit.register(self._stop_at_exit)
         self._wait_ready()
         return self
@@ -139,8 +158,12 @@ class ServerProcess:
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 self.stop()  # closes the log, drops the exit hook
-                raise ServerStartError(f"{self.name} exited with status {self.process.returncode} before it was "
-                                       f"ready (log: {self.log_path})", self.output(), self.process.returncode)
+                raise ServerStartError(
+                    f"{self.name} exited with status {self.process.returncode} before it was "
+                    f"ready (log: {self.log_path})",
+                    self.output(),
+                    self.process.returncode,
+                )
             try:
                 if httpx.get(f"{self.base_url}{self.health_path}", timeout=1.0).status_code == 200:
                     return
@@ -169,7 +192,7 @@ class ServerProcess:
         finally:
             self._log.close()
 
-    def __enter__(self) -> "ServerProcess":
+    def __enter__(self) -> ServerProcess:
         return self.start()
 
     def __exit__(self, *exc) -> None:

@@ -28,8 +28,9 @@ def ms_per_step_by_position(engine: Engine, prompt_ids: list[int], *, new_tokens
     return points
 
 
-def ms_per_step_by_batch(engine: Engine, prompt_ids: list[int], batch_sizes: list[int], *,
-                         steps: int = 16) -> list[dict]:
+def ms_per_step_by_batch(
+    engine: Engine, prompt_ids: list[int], batch_sizes: list[int], *, steps: int = 16
+) -> list[dict]:
     """Median ms per decode step and per generated token, for each batch size."""
     rows = []
     params = SamplingParams(max_tokens=steps + 2, temperature=0, ignore_eos=True)
@@ -42,6 +43,12 @@ def ms_per_step_by_batch(engine: Engine, prompt_ids: list[int], batch_sizes: lis
             times.append(time.perf_counter() - start)
         engine.remove(engine.running_ids())
         step_ms = statistics.median(times) * 1000
-        rows.append({"batch_size": size, "ms_per_step": step_ms, "ms_per_token": step_ms / size,
-                     "tokens_per_s": size / (step_ms / 1000)})
+        rows.append(
+            {
+                "batch_size": size,
+                "ms_per_step": step_ms,
+                "ms_per_token": step_ms / size,
+                "tokens_per_s": size / (step_ms / 1000),
+            }
+        )
     return rows

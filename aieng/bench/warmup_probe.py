@@ -12,8 +12,15 @@ import sys
 import time
 
 
-def first_request_latency(model_dir: str, *, warmup: bool, compile: bool = False, requests: int = 5,
-                          max_tokens: int = 16, timeout: float = 900) -> dict:
+def first_request_latency(
+    model_dir: str,
+    *,
+    warmup: bool,
+    compile: bool = False,
+    requests: int = 5,
+    max_tokens: int = 16,
+    timeout: float = 900,
+) -> dict:
     """Run a child process and return {load_s, warmup_s, latencies_ms} for the first ``requests``."""
     args = [sys.executable, "-m", "aieng.bench.warmup_probe", str(model_dir), str(requests), str(max_tokens)]
     args += ["--warmup"] if warmup else []

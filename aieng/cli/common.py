@@ -27,5 +27,7 @@ def store_option_parent():
     import argparse
 
     parent = argparse.ArgumentParser(add_help=False)
-    parent.add_argument("--store", default=argparse.SUPPRESS, help="model store root (default: $AIENG_STORE or ./var/store)")
+    parent.add_argument(
+        "--store", default=argparse.SUPPRESS, help="model store root (default: $AIENG_STORE or ./var/store)"
+    )
     return parent

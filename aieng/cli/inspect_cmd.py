@@ -14,13 +14,16 @@ import sys
 
 
 def add_inspect(verbs, parents) -> None:
-    p = verbs.add_parser("inspect", parents=parents,
-                         help="what `aieng serve` would choose for a version on this host (forward, weight formats, "
-                              "KV cache, attention, workers x threads), without serving",
-                         description="Verify and load N[@V] (N: the current version), build its engine as `aieng serve` "
-                                     "does with the same settings (AIENG_* and the flags below), and print each choice "
-                                     "the engine made and why. Takes as long as a server's load, plus the weight-format "
-                                     "measurement on a host's first start (kept for the next).")
+    p = verbs.add_parser(
+        "inspect",
+        parents=parents,
+        help="what `aieng serve` would choose for a version on this host (forward, weight formats, "
+        "KV cache, attention, workers x threads), without serving",
+        description="Verify and load N[@V] (N: the current version), build its engine as `aieng serve` "
+        "does with the same settings (AIENG_* and the flags below), and print each choice "
+        "the engine made and why. Takes as long as a server's load, plus the weight-format "
+        "measurement on a host's first start (kept for the next).",
+    )
     p.add_argument("ref", metavar="N[@V]")
     p.add_argument("--json", action="store_true", help="machine-readable output (the serving_plan log event's fields)")
     p.set_defaults(handler=_inspect)
@@ -56,14 +59,24 @@ def _inspect(args: argparse.Namespace) -> int:
     engine = Engine(loaded.model, loaded.tokenizer, context_length=loaded.context_length, config=config.engine)
     plan = ServingPlan(loaded.name, loaded.version, engine_decisions(engine), workers)
     manifest = loaded.manifest
-    facts = {"architecture": manifest.architecture, "parameters": manifest.num_parameters, "dtype": manifest.dtype,
-             "context_length": loaded.context_length} if manifest else {}
+    facts = (
+        {
+            "architecture": manifest.architecture,
+            "parameters": manifest.num_parameters,
+            "dtype": manifest.dtype,
+            "context_length": loaded.context_length,
+        }
+        if manifest
+        else {}
+    )
     if args.json:
         print_json({**facts, **plan.fields()})
         return 0
     if facts:
-        print(f"{'architecture':16} {facts['architecture']}, {facts['parameters']:,} parameters, {facts['dtype']}, "
-              f"{facts['context_length']} positions")
+        print(
+            f"{'architecture':16} {facts['architecture']}, {facts['parameters']:,} parameters, {facts['dtype']}, "
+            f"{facts['context_length']} positions"
+        )
     for line in plan.lines():
         print(line)
     return 0

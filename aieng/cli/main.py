@@ -51,9 +51,11 @@ def main(argv: list[str] | None = None) -> int:
         if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise
         # Every writer stages into a temporary folder that is removed on failure, so nothing half-written stays.
-        print(f"aieng: error: no space left on device while writing {exc.filename or 'a file'}; nothing partial "
-              "was kept. Free space (df -h), or point --store / --out at a larger disk, and run the command again",
-              file=sys.stderr)
+        print(
+            f"aieng: error: no space left on device while writing {exc.filename or 'a file'}; nothing partial "
+            "was kept. Free space (df -h), or point --store / --out at a larger disk, and run the command again",
+            file=sys.stderr,
+        )
         return 1
     except KeyboardInterrupt:
         print("aieng: interrupted", file=sys.stderr)

@@ -4,47 +4,65 @@ from __future__ import annotations
 
 import argparse
 
-from aieng.cli.common import store_option_parent, store_from
+from aieng.cli.common import store_from, store_option_parent
 
 STORE = store_option_parent()
 
 
 def add_parser(sub) -> None:
-    release = sub.add_parser("release", help="watch a release on a running server and roll back on its own",
-                             description="Release operations against a running aieng server.")
+    release = sub.add_parser(
+        "release",
+        help="watch a release on a running server and roll back on its own",
+        description="Release operations against a running aieng server.",
+    )
     verbs = release.add_subparsers(dest="verb", metavar="VERB", required=True)
-    p = verbs.add_parser("watch", parents=[STORE], help="judge the live metrics after a swap; roll back if they degrade",
-                         description="Scrape URL/metrics every --interval seconds and apply the rollback decision "
-                                     "(aieng/release/decision.py) to what the server did since the watch began: "
-                                     "error rate, early-EOS rate, p99 latency and TTFT against the version's "
-                                     "performance baseline (or the previous version's), throughput at comparable "
-                                     "load. On `rollback` it rolls the store back and hot-swaps the server "
-                                     "($AIENG_ADMIN_TOKEN); on `promote` (healthy for --window) it records the "
-                                     "confirmation. Every outcome goes to history.jsonl. Exit 0 when the version "
-                                     "held, 3 when it was rolled back, 4 when still undecided at --max-wait.")
+    p = verbs.add_parser(
+        "watch",
+        parents=[STORE],
+        help="judge the live metrics after a swap; roll back if they degrade",
+        description="Scrape URL/metrics every --interval seconds and apply the rollback decision "
+        "(aieng/release/decision.py) to what the server did since the watch began: "
+        "error rate, early-EOS rate, p99 latency and TTFT against the version's "
+        "performance baseline (or the previous version's), throughput at comparable "
+        "load. On `rollback` it rolls the store back and hot-swaps the server "
+        "($AIENG_ADMIN_TOKEN); on `promote` (healthy for --window) it records the "
+        "confirmation. Every outcome goes to history.jsonl. Exit 0 when the version "
+        "held, 3 when it was rolled back, 4 when still undecided at --max-wait.",
+    )
     p.add_argument("name")
     p.add_argument("--url", required=True, help="the server, e.g. http://127.0.0.1:8000")
     p.add_argument("--window", type=float, default=60.0, help="seconds the version must stay healthy (default 60)")
     p.add_argument("--interval", type=float, default=5.0, help="seconds between checks (default 5)")
-    p.add_argument("--max-wait", type=float, default=None, help="give up undecided after this long (default 3 x window)")
-    p.add_argument("--min-requests", type=int, default=None, help="requests needed before latency is judged (default 20)")
+    p.add_argument(
+        "--max-wait", type=float, default=None, help="give up undecided after this long (default 3 x window)"
+    )
+    p.add_argument(
+        "--min-requests", type=int, default=None, help="requests needed before latency is judged (default 20)"
+    )
     p.add_argument("--max-error-rate", type=float, default=None, help="default 0.05")
     p.add_argument("--max-latency-ratio", type=float, default=None, help="p99 vs baseline (default 2)")
     p.add_argument("--max-early-eos-rate", type=float, default=None, help="default 0.15")
-    p.add_argument("--no-probe", action="store_true",
-                   help="skip the live quality probe (held-out prompts per family asked of the server first)")
+    p.add_argument(
+        "--no-probe",
+        action="store_true",
+        help="skip the live quality probe (held-out prompts per family asked of the server first)",
+    )
     p.set_defaults(handler=_watch)
 
-    p = verbs.add_parser("canary", parents=[STORE], help="shift traffic to VERSION step by step; promote or roll back",
-                         description="Canary release on a running server (admin token in $AIENG_ADMIN_TOKEN): the "
-                                     "release gate, then a shadow quality probe of both versions, then for each "
-                                     "--steps percentage the canary gets that share of unpinned traffic and is "
-                                     "checked every --interval seconds against the stable version on the same "
-                                     "traffic: success rate, p99 latency and TTFT as ratios to stable, early-EOS "
-                                     "rate (aieng/release/canary_rollout.py). --max-failed-checks failed checks roll it back "
-                                     "(the canary is unloaded); all steps passed promote it to current. Every step "
-                                     "and the outcome go to history.jsonl. Exit 0 promoted, 1 refused by the gate, "
-                                     "3 rolled back.")
+    p = verbs.add_parser(
+        "canary",
+        parents=[STORE],
+        help="shift traffic to VERSION step by step; promote or roll back",
+        description="Canary release on a running server (admin token in $AIENG_ADMIN_TOKEN): the "
+        "release gate, then a shadow quality probe of both versions, then for each "
+        "--steps percentage the canary gets that share of unpinned traffic and is "
+        "checked every --interval seconds against the stable version on the same "
+        "traffic: success rate, p99 latency and TTFT as ratios to stable, early-EOS "
+        "rate (aieng/release/canary_rollout.py). --max-failed-checks failed checks roll it back "
+        "(the canary is unloaded); all steps passed promote it to current. Every step "
+        "and the outcome go to history.jsonl. Exit 0 promoted, 1 refused by the gate, "
+        "3 rolled back.",
+    )
     p.add_argument("name")
     p.add_argument("version")
     p.add_argument("--url", required=True, help="the server, e.g. http://127.0.0.1:8000")
@@ -55,12 +73,19 @@ def add_parser(sub) -> None:
     p.add_argument("--max-latency-ratio", type=float, default=None, help="canary p99 / stable p99 (default 1.5)")
     p.add_argument("--max-ttft-ratio", type=float, default=None, help="default 1.5")
     p.add_argument("--no-probe", action="store_true", help="skip the shadow quality probe")
-    p.add_argument("--prometheus", metavar="URL", default=None,
-                   help="read the checks from this Prometheus (e.g. http://127.0.0.1:9090) instead of the server's "
-                        "/metrics; the PromQL asked is printed in the log")
-    p.add_argument("--prometheus-selector", default="", metavar="MATCHERS",
-                   help="label matchers added to every query, e.g. 'job=\"aieng\"' when Prometheus scrapes more "
-                        "than this service")
+    p.add_argument(
+        "--prometheus",
+        metavar="URL",
+        default=None,
+        help="read the checks from this Prometheus (e.g. http://127.0.0.1:9090) instead of the server's "
+        "/metrics; the PromQL asked is printed in the log",
+    )
+    p.add_argument(
+        "--prometheus-selector",
+        default="",
+        metavar="MATCHERS",
+        help="label matchers added to every query, e.g. 'job=\"aieng\"' when Prometheus scrapes more than this service",
+    )
     p.set_defaults(handler=_canary)
 
 
@@ -70,11 +95,23 @@ def _watch(args: argparse.Namespace) -> int:
     from aieng.release.decision import PROMOTE, RollbackThresholds
     from aieng.release.watch import watch
 
-    overrides = {"window_s": args.window, "min_requests": args.min_requests, "max_error_rate": args.max_error_rate,
-                 "max_latency_ratio": args.max_latency_ratio, "max_early_eos_rate": args.max_early_eos_rate}
+    overrides = {
+        "window_s": args.window,
+        "min_requests": args.min_requests,
+        "max_error_rate": args.max_error_rate,
+        "max_latency_ratio": args.max_latency_ratio,
+        "max_early_eos_rate": args.max_early_eos_rate,
+    }
     thresholds = replace(RollbackThresholds(), **{k: v for k, v in overrides.items() if v is not None})
-    result = watch(store_from(args), args.name, args.url, thresholds=thresholds, interval_s=args.interval,
-                   max_wait_s=args.max_wait, probe=not args.no_probe)
+    result = watch(
+        store_from(args),
+        args.name,
+        args.url,
+        thresholds=thresholds,
+        interval_s=args.interval,
+        max_wait_s=args.max_wait,
+        probe=not args.no_probe,
+    )
     if result.rolled_back_to:
         print(f"rolled back {args.name}@{result.version} -> {result.rolled_back_to}: {result.decision.reason}")
         return 3
@@ -106,11 +143,22 @@ def _canary(args: argparse.Namespace) -> int:
         raise SystemExit(f"--steps {args.steps!r}: give percentages, e.g. 1,10,50,100") from None
     if not steps or steps != sorted(steps) or not 0 < steps[0] or steps[-1] != 100:
         raise SystemExit(f"--steps {args.steps!r}: rising percentages between 1 and 100, ending at 100")
-    overrides = {"min_success_rate": args.min_success_rate, "max_latency_ratio": args.max_latency_ratio,
-                 "max_ttft_ratio": args.max_ttft_ratio}
+    overrides = {
+        "min_success_rate": args.min_success_rate,
+        "max_latency_ratio": args.max_latency_ratio,
+        "max_ttft_ratio": args.max_ttft_ratio,
+    }
     thresholds = replace(CanaryThresholds(), **{k: v for k, v in overrides.items() if v is not None})
-    result = run_canary(store_from(args), args.name, args.version, args.url, steps=steps,
-                        interval_s=_seconds(args.interval), max_failed_checks=args.max_failed_checks,
-                        thresholds=thresholds, probe=not args.no_probe,
-                        metrics=PrometheusMetrics(args.prometheus, args.prometheus_selector) if args.prometheus else None)
+    result = run_canary(
+        store_from(args),
+        args.name,
+        args.version,
+        args.url,
+        steps=steps,
+        interval_s=_seconds(args.interval),
+        max_failed_checks=args.max_failed_checks,
+        thresholds=thresholds,
+        probe=not args.no_probe,
+        metrics=PrometheusMetrics(args.prometheus, args.prometheus_selector) if args.prometheus else None,
+    )
     return {"promoted": 0, "refused": 1, "rolled_back": 3}[result.outcome]

@@ -44,14 +44,24 @@ A version that fails hash verification is never served: the command exits 1 nami
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("serve", parents=[STORE], help="serve a model over an OpenAI-compatible HTTP API",
-                       formatter_class=argparse.RawDescriptionHelpFormatter, description=DESCRIPTION)
+    p = sub.add_parser(
+        "serve",
+        parents=[STORE],
+        help="serve a model over an OpenAI-compatible HTTP API",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=DESCRIPTION,
+    )
     p.add_argument("--host", default=None)
     p.add_argument("--port", type=int, default=None)
     p.add_argument("--model", default=None, metavar="N[@V]")
     p.add_argument("--workers", default=None, metavar="auto|N")
-    p.add_argument("--torch-threads", type=int, default=None, metavar="N",
-                   help="torch threads per worker (default 0 = the worker plan: see --workers auto below)")
+    p.add_argument(
+        "--torch-threads",
+        type=int,
+        default=None,
+        metavar="N",
+        help="torch threads per worker (default 0 = the worker plan: see --workers auto below)",
+    )
     p.add_argument("--device", default=None)
     p.add_argument("--dtype", default=None)
     p.add_argument("--max-batch-size", type=int, default=None)
@@ -61,12 +71,24 @@ def add_parser(sub) -> None:
     p.add_argument("--request-timeout", type=float, default=None, dest="request_timeout_s", metavar="SECONDS")
     p.add_argument("--graceful-timeout", type=int, default=None, dest="graceful_timeout_s", metavar="SECONDS")
     p.add_argument("--drain-delay", type=float, default=None, dest="drain_delay_s", metavar="SECONDS")
-    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
-                   help="torch.compile prefill and decode during warm-up (default on; --no-compile = eager)")
-    p.add_argument("--compile-cache-dir", default=None, metavar="DIR",
-                   help="torch.compile's on-disk caches, kept across restarts (default ./var/compile-cache)")
-    p.add_argument("--int8", action=argparse.BooleanOptionalAction, default=None,
-                   help="int8 dynamic quantization of Linear layers (CPU; default off)")
+    p.add_argument(
+        "--compile",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="torch.compile prefill and decode during warm-up (default on; --no-compile = eager)",
+    )
+    p.add_argument(
+        "--compile-cache-dir",
+        default=None,
+        metavar="DIR",
+        help="torch.compile's on-disk caches, kept across restarts (default ./var/compile-cache)",
+    )
+    p.add_argument(
+        "--int8",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="int8 dynamic quantization of Linear layers (CPU; default off)",
+    )
     p.set_defaults(handler=_serve)
 
 
@@ -77,9 +99,25 @@ def _serve(args: argparse.Namespace) -> int:
     from aieng.observability.logs import configure_logging
     from aieng.server.process.startup import StartupProgress
 
-    keys = ("host", "port", "model", "workers", "torch_threads", "device", "dtype", "max_batch_size", "max_batch_tokens", "max_queue",
-            "max_queue_delay_ms", "request_timeout_s", "graceful_timeout_s", "drain_delay_s", "compile",
-            "compile_cache_dir", "int8")
+    keys = (
+        "host",
+        "port",
+        "model",
+        "workers",
+        "torch_threads",
+        "device",
+        "dtype",
+        "max_batch_size",
+        "max_batch_tokens",
+        "max_queue",
+        "max_queue_delay_ms",
+        "request_timeout_s",
+        "graceful_timeout_s",
+        "drain_delay_s",
+        "compile",
+        "compile_cache_dir",
+        "int8",
+    )
     settings = settings_from(args, **{k: getattr(args, k) for k in keys})
     configure_logging(settings.log_level)
     progress = StartupProgress()  # logged from the first second: importing torch alone takes seconds
@@ -87,6 +125,8 @@ def _serve(args: argparse.Namespace) -> int:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # stderr carries JSON lines only
+    hf_logging.disable_default_handler()  # transformers' warnings (a prompt past the model's length) too:
+    hf_logging.enable_propagation()  # through the JSON handler, not its own "[transformers] ..." lines
     from aieng.server.process.serve import serve
 
     serve(settings, progress)

@@ -29,18 +29,58 @@ HELD_OUT_PER_MILLE = 100  # 10 % of the prompt space of every family is never tr
 # ordering and copying of tokens, which a model of under a million parameters learns in minutes.
 # Few words (32) also means each is seen often enough in a two-minute build.
 WORDS: tuple[str, ...] = (
-    "apple", "bird", "cake", "desk", "egg", "fish", "gold", "hill", "ice", "jam",
-    "king", "lamp", "moon", "nest", "oak", "pen", "queen", "rain", "salt", "tree",
-    "van", "wolf", "zoo", "boat", "door", "glass", "milk", "river", "stone", "star",
-    "road", "sand",
+    "apple",
+    "bird",
+    "cake",
+    "desk",
+    "egg",
+    "fish",
+    "gold",
+    "hill",
+    "ice",
+    "jam",
+    "king",
+    "lamp",
+    "moon",
+    "nest",
+    "oak",
+    "pen",
+    "queen",
+    "rain",
+    "salt",
+    "tree",
+    "van",
+    "wolf",
+    "zoo",
+    "boat",
+    "door",
+    "glass",
+    "milk",
+    "river",
+    "stone",
+    "star",
+    "road",
+    "sand",
 )
 NAMES: tuple[str, ...] = (
-    "ana", "bob", "carl", "dina", "eva", "finn", "hugo", "jon", "kim", "lea",
-    "mia", "nora", "omar", "paul", "sam", "tom",
+    "ana",
+    "bob",
+    "carl",
+    "dina",
+    "eva",
+    "finn",
+    "hugo",
+    "jon",
+    "kim",
+    "lea",
+    "mia",
+    "nora",
+    "omar",
+    "paul",
+    "sam",
+    "tom",
 )
-CITIES: tuple[str, ...] = (
-    "paris", "rome", "oslo", "lima", "cairo", "delhi", "tokyo", "berlin", "madrid", "quito",
-)
+CITIES: tuple[str, ...] = ("paris", "rome", "oslo", "lima", "cairo", "delhi", "tokyo", "berlin", "madrid", "quito")
 COLORS: tuple[str, ...] = ("red", "blue", "green", "black", "white", "pink", "gray", "brown")
 PETS: tuple[str, ...] = ("cat", "dog", "fish", "bird", "horse", "rabbit")
 
@@ -75,7 +115,7 @@ def is_held_out(prompt: str) -> bool:
     Deterministic and independent of any seed, so training (which rejects these prompts) and
     evaluation (which only draws these prompts) agree without sharing state.
     """
-    digest = hashlib.sha256(f"{SPLIT_SALT}\0{prompt}".encode("utf-8")).digest()
+    digest = hashlib.sha256(f"{SPLIT_SALT}\0{prompt}".encode()).digest()
     return int.from_bytes(digest[:8], "big") % 1000 < HELD_OUT_PER_MILLE
 
 

@@ -26,6 +26,8 @@ def perturbed_copy(source: str | Path, target: str | Path, *, noise: float = 1.0
         for key, tensor in tensors.items():
             if tensor.dim() == 2 and tensor.is_floating_point():
                 scale = tensor.float().std() * noise
-                tensors[key] = (tensor.float() + torch.randn(tensor.shape, generator=generator) * scale).to(tensor.dtype)
+                tensors[key] = (tensor.float() + torch.randn(tensor.shape, generator=generator) * scale).to(
+                    tensor.dtype
+                )
         save_file(tensors, path, metadata={"format": "pt"})
     return target

@@ -76,9 +76,4 @@ def generation_config(*, bos_id: int, eos_id: int, pad_id: int) -> GenerationCon
     """Defaults saved as generation_config.json: stop at <|end|>, pad with <|pad|>, greedy."""
     from transformers import GenerationConfig
 
-    return GenerationConfig(
-        bos_token_id=bos_id,
-        eos_token_id=eos_id,
-        pad_token_id=pad_id,
-        do_sample=False,
-    )
+    return GenerationConfig(bos_token_id=bos_id, eos_token_id=eos_id, pad_token_id=pad_id, do_sample=False)

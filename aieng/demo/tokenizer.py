@@ -114,9 +114,7 @@ _HOLES = ("\x00SYSTEM\x00", "\x00PROMPT\x00", "\x00ANSWER\x00")
 
 def _skeleton(tokenizer: PreTrainedTokenizerFast, *, with_system: bool, with_answer: bool) -> list[str]:
     """The template rendered around placeholder contents, cut into the literal pieces between them."""
-    holder = Example(
-        family="", system=_HOLES[0] if with_system else None, prompt=_HOLES[1], answer=_HOLES[2]
-    )
+    holder = Example(family="", system=_HOLES[0] if with_system else None, prompt=_HOLES[1], answer=_HOLES[2])
     text = tokenizer.apply_chat_template(
         conversation(holder, with_answer=with_answer), tokenize=False, add_generation_prompt=not with_answer
     )
@@ -141,7 +139,8 @@ def render_documents(
 
     The template is rendered once with placeholder contents and the placeholders are then
     filled per example (a build renders every training document, and apply_chat_template's
-    per-call Python would be a visible share of the build). A spot check renders some examples the slow way and insists on equality, so
+    per-call Python would be a visible share of the build). A spot check renders some examples
+    the slow way and insists on equality, so
     a template that transforms content (trimming, escaping) fails loudly instead of silently
     training on a different format.
     """

@@ -48,12 +48,7 @@ class TrainResult:
 
 
 def make_batches(
-    documents: list[list[int]],
-    answer_starts: list[int],
-    *,
-    batch_size: int,
-    pad_id: int,
-    seed: int,
+    documents: list[list[int]], answer_starts: list[int], *, batch_size: int, pad_id: int, seed: int
 ) -> list[Batch]:
     """Cut tokenised documents into right-padded batches of similar length, in seeded order.
 
@@ -145,9 +140,5 @@ def train(
     model.eval()
     tail = losses[-20:] or [float("nan")]
     return TrainResult(
-        steps=total,
-        final_loss=sum(tail) / len(tail),
-        tokens=tokens,
-        seconds=time.perf_counter() - start,
-        losses=losses,
+        steps=total, final_loss=sum(tail) / len(tail), tokens=tokens, seconds=time.perf_counter() - start, losses=losses
     )

@@ -18,5 +18,13 @@ from aieng.engine.engine import Engine
 from aieng.engine.params import GenerationResult, SamplingParams, validate_request
 from aieng.engine.request import GenerationRequest, StepResult, TokenEvent
 
-__all__ = ["Engine", "EngineConfig", "GenerationRequest", "GenerationResult", "SamplingParams", "StepResult",
-           "TokenEvent", "validate_request"]
+__all__ = [
+    "Engine",
+    "EngineConfig",
+    "GenerationRequest",
+    "GenerationResult",
+    "SamplingParams",
+    "StepResult",
+    "TokenEvent",
+    "validate_request",
+]

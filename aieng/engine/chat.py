@@ -37,5 +37,7 @@ def chat_ids(tokenizer, messages: list[dict]) -> list[int]:
     except TemplateError as exc:
         # A template refusing the conversation (Llama 2's "roles must alternate", a missing user turn)
         # says what is wrong with the request: a 400 with its message, not a 500 with none.
-        raise InvalidRequestError(f"the model's chat template refused these messages: {exc}", param="messages") from None
+        raise InvalidRequestError(
+            f"the model's chat template refused these messages: {exc}", param="messages"
+        ) from None
     return list(ids)

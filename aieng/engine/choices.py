@@ -48,8 +48,15 @@ class ChoiceGroups:
         for i in range(1, n):
             params = replace(request.params, seed=None if request.params.seed is None else request.params.seed + i)
             matcher = request.matcher.deep_copy() if request.matcher is not None else None
-            out.append(GenerationRequest(row_id(request.request_id, i), request.prompt_ids, params,
-                                         trace_id=request.trace_id, matcher=matcher))
+            out.append(
+                GenerationRequest(
+                    row_id(request.request_id, i),
+                    request.prompt_ids,
+                    params,
+                    trace_id=request.trace_id,
+                    matcher=matcher,
+                )
+            )
         ids = [request.request_id] + [r.request_id for r in out]
         self.groups[request.request_id] = _Group(rows=list(ids), index={rid: i for i, rid in enumerate(ids)})
         self.owner.update({rid: request.request_id for rid in ids})
@@ -57,8 +64,11 @@ class ChoiceGroups:
 
     def rows_of(self, request_ids) -> list[str]:
         """The engine rows of these requests (a request with n > 1 has n)."""
-        return [rid for request_id in request_ids
-                for rid in (self.groups[request_id].rows if request_id in self.groups else [request_id])]
+        return [
+            rid
+            for request_id in request_ids
+            for rid in (self.groups[request_id].rows if request_id in self.groups else [request_id])
+        ]
 
     def publish(self, events: list[TokenEvent]) -> tuple[list[TokenEvent], list[str]]:
         """The rows' events as their requests' (see the module doc); also the sibling rows to drop
@@ -84,11 +94,18 @@ class ChoiceGroups:
             group.rows.remove(event.request_id)
             group.tokens += event.completion_tokens
             last = not group.rows
-            out.append(replace(event, request_id=request_id, index=index, finished=last,
-                               finish_reason=event.finish_reason if last else None,
-                               finish_cause=event.finish_cause if last else None,
-                               completion_tokens=group.tokens if last else event.completion_tokens,
-                               token_ids=event.token_ids if last else ()))
+            out.append(
+                replace(
+                    event,
+                    request_id=request_id,
+                    index=index,
+                    finished=last,
+                    finish_reason=event.finish_reason if last else None,
+                    finish_cause=event.finish_cause if last else None,
+                    completion_tokens=group.tokens if last else event.completion_tokens,
+                    token_ids=event.token_ids if last else (),
+                )
+            )
             if last:
                 self._forget(request_id)
         return out, doomed

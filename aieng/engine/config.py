@@ -32,6 +32,6 @@ class EngineConfig:
     warmup_batch_sizes: tuple[int, ...] = (1, 8)
 
     @classmethod
-    def exact(cls, **overrides) -> "EngineConfig":
+    def exact(cls, **overrides) -> EngineConfig:
         """fp32 weights and KV cache, compilation waited for: the engine greedy parity is checked in."""
         return replace(cls(weight_formats="float32", kv_cache_dtype="model", compile_budget_s=None), **overrides)

@@ -52,14 +52,14 @@ class Constraint:
     param: str = "response_format"  # the request field it came from, for error messages
 
     @classmethod
-    def json_schema(cls, schema: dict | bool, param: str = "response_format") -> "Constraint":
+    def json_schema(cls, schema: dict | bool, param: str = "response_format") -> Constraint:
         if not isinstance(schema, (dict, bool)):
             raise InvalidRequestError(f"the JSON schema must be an object, got {type(schema).__name__}", param=param)
         # Key order kept: the grammar emits properties in the order the schema declares them.
         return cls("json_schema", json.dumps(schema, separators=(",", ":")), param)
 
     @classmethod
-    def choice(cls, choices: list[str], param: str = "guided_choice") -> "Constraint":
+    def choice(cls, choices: list[str], param: str = "guided_choice") -> Constraint:
         if not choices or any(not isinstance(c, str) or not c for c in choices):
             raise InvalidRequestError("choices must be a non-empty list of non-empty strings", param=param)
         return cls("choice", json.dumps(list(choices)), param)
@@ -104,6 +104,7 @@ class ConstraintCompiler:
         import llguidance.hf
 
         return llguidance.hf.from_tokenizer(self.tokenizer, n_vocab=self.vocab_size, eos_token=self.eos_id)
+
 
 def masks_needed(logits: torch.Tensor, params: list, matchers: list) -> list:
     """The matchers whose rows need a mask this step. A greedy row (no repetition penalty) whose

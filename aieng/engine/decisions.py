@@ -27,8 +27,10 @@ class EngineDecisions:
     compile: str
 
     def line(self) -> str:
-        return (f"{self.runner} forward ({self.runner_why}); weights: {self.weights}; KV cache: {self.kv_cache} "
-                f"({self.kv_cache_why}); decode attention: {self.decode_attention}; compile: {self.compile}")
+        return (
+            f"{self.runner} forward ({self.runner_why}); weights: {self.weights}; KV cache: {self.kv_cache} "
+            f"({self.kv_cache_why}); decode attention: {self.decode_attention}; compile: {self.compile}"
+        )
 
     def fields(self) -> dict:
         return asdict(self)
@@ -42,8 +44,16 @@ def engine_decisions(engine) -> EngineDecisions:
     """The choices ``engine`` (an ``aieng.engine.Engine``) runs with: its runner's, and why that runner."""
     runner = engine.runner
     choices = runner.describe(engine.config)
-    return EngineDecisions(runner.kind, runner.path_reason, str(runner.device), choices.weights, choices.kv_cache,
-                           choices.kv_cache_why, choices.decode_attention, choices.compile)
+    return EngineDecisions(
+        runner.kind,
+        runner.path_reason,
+        str(runner.device),
+        choices.weights,
+        choices.kv_cache,
+        choices.kv_cache_why,
+        choices.decode_attention,
+        choices.compile,
+    )
 
 
 def setting_said(name: str, value: str) -> str:
@@ -55,8 +65,10 @@ def kv_why(config, dtype: torch.dtype, model_dtype: torch.dtype, decode_kernel: 
     if config.kv_cache_dtype != "auto":
         return f"AIENG_KV_CACHE_DTYPE={config.kv_cache_dtype}"
     if dtype != model_dtype:
-        return ("AIENG_KV_CACHE_DTYPE=auto: the one-row step streams bf16 weights and aieng's kernel reads the "
-                "cache, so half the bytes per decoded token")
+        return (
+            "AIENG_KV_CACHE_DTYPE=auto: the one-row step streams bf16 weights and aieng's kernel reads the "
+            "cache, so half the bytes per decoded token"
+        )
     if model_dtype != torch.float32:
         return "AIENG_KV_CACHE_DTYPE=auto: the model's dtype"
     if not decode_kernel:

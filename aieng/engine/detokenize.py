@@ -120,8 +120,7 @@ def _facts(tokenizer, decode, skip_special_tokens: bool) -> _Facts:
     try:
         candidate = tuple(tokenizer.encode("a", add_special_tokens=False))
         text = decode(list(candidate))
-        if (candidate and text and REPLACEMENT not in text
-                and not any(i in byte_ids or i in dropped for i in candidate)):
+        if candidate and text and REPLACEMENT not in text and not any(i in byte_ids or i in dropped for i in candidate):
             breaker = candidate
     except Exception:  # noqa: BLE001 - a tokenizer without encode: no breaker (see the module doc)
         pass
@@ -184,14 +183,15 @@ class IncrementalDetokenizer:
     def _decode(self, ids: list[int]) -> str:
         if self._backend_decode is not None:
             return self._backend_decode(ids, skip_special_tokens=self.skip_special_tokens)
-        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens,
-                                     clean_up_tokenization_spaces=False)
+        return self.tokenizer.decode(
+            ids, skip_special_tokens=self.skip_special_tokens, clean_up_tokenization_spaces=False
+        )
 
     def _window(self) -> tuple[str, str]:
         """The emitted tail's text and the tail-plus-new-tokens' text, over a window whose tail has
         text (see the module doc: a decoder may treat the start of a text specially). Reaching back
         doubles the window each time, into the prompt when the window's start is reached."""
-        prefix = self._decode(self.ids[self.prefix_offset:self.read_offset])
+        prefix = self._decode(self.ids[self.prefix_offset : self.read_offset])
         while not prefix:
             step = max(WINDOW, self.read_offset - self.prefix_offset)
             if self.prefix_offset < step and self._prompt_left:
@@ -199,8 +199,8 @@ class IncrementalDetokenizer:
             if self.prefix_offset == 0:
                 break
             self.prefix_offset = max(0, self.prefix_offset - step)
-            prefix = self._decode(self.ids[self.prefix_offset:self.read_offset])
-        return prefix, self._decode(self.ids[self.prefix_offset:])
+            prefix = self._decode(self.ids[self.prefix_offset : self.read_offset])
+        return prefix, self._decode(self.ids[self.prefix_offset :])
 
     def add(self, token_id: int) -> str:
         """Append one generated token; return the new complete text (possibly empty)."""
@@ -212,7 +212,7 @@ class IncrementalDetokenizer:
             return ""
         prefix, full = self._window()
         if len(full) > len(prefix) and not full.endswith(REPLACEMENT):
-            delta = full[len(prefix):]
+            delta = full[len(prefix) :]
             self.read_offset = len(self.ids)
             self.prefix_offset = max(0, self.read_offset - WINDOW)
             return delta
@@ -222,4 +222,4 @@ class IncrementalDetokenizer:
         """At the end: whatever is still held back (an incomplete character decodes as U+FFFD)."""
         prefix, full = self._window()
         self.read_offset = len(self.ids)
-        return full[len(prefix):] if len(full) > len(prefix) else ""
+        return full[len(prefix) :] if len(full) > len(prefix) else ""

@@ -21,7 +21,6 @@ how many it may hold.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Iterator, Sequence
 
 import torch
@@ -32,8 +31,8 @@ from aieng.engine.constraints import ConstraintCompiler
 from aieng.engine.hf_model import pad_token_id, prepare_model
 from aieng.engine.native.onednn_caches import bound_onednn_caches
 from aieng.engine.oom import out_of_memory_event
-from aieng.engine.prefill_budget import PrefillBudget
 from aieng.engine.params import GenerationResult, SamplingParams, validate_request
+from aieng.engine.prefill_budget import PrefillBudget
 from aieng.engine.request import GenerationRequest, StepResult, TokenEvent
 from aieng.engine.row import Row, sample_rows
 from aieng.engine.runner import Chunk
@@ -45,8 +44,16 @@ log = logging.getLogger("aieng.engine")
 
 
 class Engine:
-    def __init__(self, model, tokenizer, *, context_length: int | None = None, config: EngineConfig = EngineConfig(),
-                 replacing: "Engine | None" = None, kv_from_replaced: bool = False):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        *,
+        context_length: int | None = None,
+        config: EngineConfig = EngineConfig(),
+        replacing: Engine | None = None,
+        kv_from_replaced: bool = False,
+    ):
         """``replacing``: the engine this one takes over from in a hot swap; with weights of the
         same layout it takes that engine's format plan and compiled graphs, and with
         ``kv_from_replaced`` its KV memory (``succession`` says how and why)."""
@@ -58,10 +65,19 @@ class Engine:
         self.context_length = context_length or model_context_length(model)
         self.eos_ids = eos_token_ids(model, tokenizer)
         self.pad_id = pad_token_id(tokenizer, self.eos_ids)
-        self.constraints = ConstraintCompiler(tokenizer, vocab_size=model.config.vocab_size, eos_id=(
-            tokenizer.eos_token_id if tokenizer.eos_token_id in self.eos_ids else min(self.eos_ids)))
-        self.runner = make_runner(self.model, config=config, context_length=self.context_length, pad_id=self.pad_id,
-                                  replacing=replacing, kv_from_replaced=kv_from_replaced)
+        self.constraints = ConstraintCompiler(
+            tokenizer,
+            vocab_size=model.config.vocab_size,
+            eos_id=(tokenizer.eos_token_id if tokenizer.eos_token_id in self.eos_ids else min(self.eos_ids)),
+        )
+        self.runner = make_runner(
+            self.model,
+            config=config,
+            context_length=self.context_length,
+            pad_id=self.pad_id,
+            replacing=replacing,
+            kv_from_replaced=kv_from_replaced,
+        )
         self.rows: dict[str, Row] = {}  # every admitted row: prefilling or decoding
         self.prefilling: list[Row] = []  # admitted, prompt not all in the cache yet (FIFO)
         self.prefilled: dict[str, int] = {}  # prompt tokens already in the cache, per prefilling row
@@ -126,9 +142,13 @@ class Engine:
             return StepResult(events)
         splits = dict(self.runner.oom_splits)
         events += self._forward(chunks, decoding)
-        return StepResult(events, prefill_s=self._last.prefill_s, decode_s=self._last.decode_s,
-                          decoded_rows=len(decoding),
-                          oom_splits={k: n - splits[k] for k, n in self.runner.oom_splits.items() if n > splits[k]})
+        return StepResult(
+            events,
+            prefill_s=self._last.prefill_s,
+            decode_s=self._last.decode_s,
+            decoded_rows=len(decoding),
+            oom_splits={k: n - splits[k] for k, n in self.runner.oom_splits.items() if n > splits[k]},
+        )
 
     def prefill(self, requests: Sequence[GenerationRequest]) -> list[TokenEvent]:
         """Admit ``requests`` and prefill until their prompts are in (no decode); their first tokens."""
@@ -152,8 +172,13 @@ class Engine:
         return removed
 
     # -- conveniences built on the steps -------------------------------------------------------
-    def generate(self, prompts: Sequence[str | list[int]], params: SamplingParams | Sequence[SamplingParams], *,
-                 max_batch_size: int = 64) -> list[GenerationResult]:
+    def generate(
+        self,
+        prompts: Sequence[str | list[int]],
+        params: SamplingParams | Sequence[SamplingParams],
+        *,
+        max_batch_size: int = 64,
+    ) -> list[GenerationResult]:
         """Run prompts to completion, at most ``max_batch_size`` rows at a time; results in prompt order."""
         params_list = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
         if any(p.n != 1 for p in params_list):
@@ -171,12 +196,17 @@ class Engine:
                     if event.error is not None:
                         raise event.error
                     results[event.request_id] = GenerationResult(
-                        text="".join(texts[event.request_id]), finish_reason=event.finish_reason,
-                        prompt_tokens=event.prompt_tokens, completion_tokens=event.completion_tokens,
-                        token_ids=event.token_ids)
+                        text="".join(texts[event.request_id]),
+                        finish_reason=event.finish_reason,
+                        prompt_tokens=event.prompt_tokens,
+                        completion_tokens=event.completion_tokens,
+                        token_ids=event.token_ids,
+                    )
         return [results[rid] for rid in order]
 
-    def stream(self, prompt: str | list[int], params: SamplingParams, request_id: str = "stream-0") -> Iterator[TokenEvent]:
+    def stream(
+        self, prompt: str | list[int], params: SamplingParams, request_id: str = "stream-0"
+    ) -> Iterator[TokenEvent]:
         """Yield the events of one request as they are produced (alone in the batch)."""
         joiners = [self._request(request_id, prompt, params)]
         while True:
@@ -241,7 +271,7 @@ class Engine:
             if budget is not None and chunks and (len(chunks) + 1) * max(width, take) > budget:
                 break
             width = max(width, take)
-            chunks.append(Chunk(row.request_id, prompt[done:done + take], done, last=done + take == len(prompt)))
+            chunks.append(Chunk(row.request_id, prompt[done : done + take], done, last=done + take == len(prompt)))
         return chunks
 
     @torch.inference_mode()
@@ -250,12 +280,15 @@ class Engine:
         out = self._last = self.runner.forward(chunks, [row.last_token for row in decode_rows])
         if self.runner.chunked and not out.failed:
             padded = len(chunks) * max((len(c.token_ids) for c in chunks), default=0)
-            self.prefill_budget.observe(out.prefill_s or out.decode_s or 0.0, prompt_tokens=padded,
-                                        decoding=bool(decoding))
+            self.prefill_budget.observe(
+                out.prefill_s or out.decode_s or 0.0, prompt_tokens=padded, decoding=bool(decoding)
+            )
         self.counts["prefill_calls"] += bool(chunks)
         self.counts["decode_steps"] += bool(decoding)
-        events = [out_of_memory_event(self.rows[rid].request, exc, row=self.rows[rid], degrade=self.config.oom_degrade)
-                  for rid, exc in out.failed.items()]
+        events = [
+            out_of_memory_event(self.rows[rid].request, exc, row=self.rows[rid], degrade=self.config.oom_degrade)
+            for rid, exc in out.failed.items()
+        ]
         for chunk in chunks:
             if chunk.request_id not in out.failed:
                 self.prefilled[chunk.request_id] += len(chunk.token_ids)
@@ -271,8 +304,10 @@ class Engine:
             logits.append(out.decode if len(keep) == len(decode_rows) else out.decode[keep])
         finished = set(out.failed)
         if sampled_rows:
-            for row, event in zip(sampled_rows, sample_rows(sampled_rows, torch.cat(logits), eos_ids=self.eos_ids,
-                                                            context_length=self.context_length)):
+            for row, event in zip(
+                sampled_rows,
+                sample_rows(sampled_rows, torch.cat(logits), eos_ids=self.eos_ids, context_length=self.context_length),
+            ):
                 events.append(event)
                 if event.finished:
                     finished.add(row.request_id)

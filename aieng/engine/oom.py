@@ -43,9 +43,16 @@ def release_cached_memory(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-def bisect_on_oom(items: Sequence[T], attempt: Callable[[Sequence[T]], R], *, combine: Callable[[R, R], R],
-                  fail_one: Callable[[T, BaseException], R], device: torch.device, phase: str,
-                  on_split: Callable[[str], None] = lambda phase: None) -> R:
+def bisect_on_oom(
+    items: Sequence[T],
+    attempt: Callable[[Sequence[T]], R],
+    *,
+    combine: Callable[[R, R], R],
+    fail_one: Callable[[T, BaseException], R],
+    device: torch.device,
+    phase: str,
+    on_split: Callable[[str], None] = lambda phase: None,
+) -> R:
     """``attempt(items)``; on out-of-memory, the same on each half, ``combine``-d; one item alone: ``fail_one``.
 
     Any other exception propagates unchanged. ``phase`` ("prefill" or "decode") names the split
@@ -58,15 +65,20 @@ def bisect_on_oom(items: Sequence[T], attempt: Callable[[Sequence[T]], R], *, co
             raise
         release_cached_memory(device)
         on_split(phase)
-        log.warning("out of memory in a %s of %d rows; splitting", phase, len(items),
-                    extra={"event": "engine_oom_split", "phase": phase, "rows": len(items)})
+        log.warning(
+            "out of memory in a %s of %d rows; splitting",
+            phase,
+            len(items),
+            extra={"event": "engine_oom_split", "phase": phase, "rows": len(items)},
+        )
         if len(items) == 1:
             return fail_one(items[0], exc)
     half = len(items) // 2
 
     def again(part):
-        return bisect_on_oom(part, attempt, combine=combine, fail_one=fail_one, device=device, phase=phase,
-                             on_split=on_split)
+        return bisect_on_oom(
+            part, attempt, combine=combine, fail_one=fail_one, device=device, phase=phase, on_split=on_split
+        )
 
     return combine(again(items[:half]), again(items[half:]))
 
@@ -77,10 +89,16 @@ def degraded_event(row, exc: BaseException | None):
     ``finish_cause`` ``out_of_memory`` (counted in ``aieng_oom_degraded_total``). The trade-off:
     a client that does not check ``finish_reason`` takes a cut answer for a whole one; one that
     does can ask again. A prompt that does not fit alone still fails: no shorter answer helps it."""
-    log.warning("out of memory even alone in the batch after %d tokens: ending the request with them (degraded "
-                "mode): %s", len(row.generated), exc,
-                extra={"event": "engine_oom_degraded", "trace_id": row.request.trace_id,
-                       "completion_tokens": len(row.generated)})
+    log.warning(
+        "out of memory even alone in the batch after %d tokens: ending the request with them (degraded mode): %s",
+        len(row.generated),
+        exc,
+        extra={
+            "event": "engine_oom_degraded",
+            "trace_id": row.request.trace_id,
+            "completion_tokens": len(row.generated),
+        },
+    )
     return row.truncate("out_of_memory")
 
 
@@ -92,11 +110,16 @@ def out_of_memory_event(request, exc: BaseException | None, *, row=None, degrade
 
     if degrade and row is not None and row.generated:
         return degraded_event(row, exc)
-    log.error("out of memory even alone in the batch: %s", exc or "no free KV slot",
-              extra={"event": "engine_oom", "trace_id": request.trace_id, "prompt_tokens": len(request.prompt_ids)})
+    log.error(
+        "out of memory even alone in the batch: %s",
+        exc or "no free KV slot",
+        extra={"event": "engine_oom", "trace_id": request.trace_id, "prompt_tokens": len(request.prompt_ids)},
+    )
     return error_event(request.request_id, out_of_memory_error(), prompt_tokens=len(request.prompt_ids))
 
 
 def out_of_memory_error() -> OutOfMemoryRowError:
-    return OutOfMemoryRowError("out of memory while generating for this request, even alone in its batch. "
-                               "Retry with a shorter prompt or fewer max_tokens")
+    return OutOfMemoryRowError(
+        "out of memory while generating for this request, even alone in its batch. "
+        "Retry with a shorter prompt or fewer max_tokens"
+    )

@@ -8,7 +8,6 @@ The engine thread never validates: a raise there would fail every row of the bat
 from __future__ import annotations
 
 import math
-
 from dataclasses import dataclass
 
 from aieng.engine.constraints import Constraint
@@ -50,7 +49,7 @@ class SamplingParams:
         logits by 1e-38 overflows to inf and the draw fails on NaN probabilities."""
         return self.temperature < GREEDY_BELOW
 
-    def validate(self) -> "SamplingParams":
+    def validate(self) -> SamplingParams:
         if self.max_tokens < 1:
             raise InvalidRequestError(f"max_tokens must be >= 1, got {self.max_tokens}", param="max_tokens")
         for name in ("temperature", "top_p", "repetition_penalty"):  # JSON parsers accept NaN and Infinity
@@ -63,25 +62,30 @@ class SamplingParams:
         if self.top_k < 0:
             raise InvalidRequestError(f"top_k must be >= 0 (0 disables it), got {self.top_k}", param="top_k")
         if self.repetition_penalty <= 0:
-            raise InvalidRequestError(f"repetition_penalty must be > 0, got {self.repetition_penalty}",
-                                      param="repetition_penalty")
+            raise InvalidRequestError(
+                f"repetition_penalty must be > 0, got {self.repetition_penalty}", param="repetition_penalty"
+            )
         if len(self.stop) > MAX_STOP_STRINGS:
-            raise InvalidRequestError(f"at most {MAX_STOP_STRINGS} stop strings are allowed, got {len(self.stop)}",
-                                      param="stop")
+            raise InvalidRequestError(
+                f"at most {MAX_STOP_STRINGS} stop strings are allowed, got {len(self.stop)}", param="stop"
+            )
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
-            raise InvalidRequestError(f"logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {self.logprobs}",
-                                      param="logprobs")
+            raise InvalidRequestError(
+                f"logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {self.logprobs}", param="logprobs"
+            )
         if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= MAX_TOP_LOGPROBS:
-            raise InvalidRequestError(f"logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {self.prompt_logprobs}",
-                                      param="logprobs")
+            raise InvalidRequestError(
+                f"logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {self.prompt_logprobs}", param="logprobs"
+            )
         for name in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, name)
             if not (math.isfinite(value) and -2 <= value <= 2):
                 raise InvalidRequestError(f"{name} must be between -2 and 2, got {value}", param=name)
         for token, bias in self.logit_bias:
             if not (math.isfinite(bias) and -100 <= bias <= 100):
-                raise InvalidRequestError(f"logit_bias values must be between -100 and 100, got {bias} for token "
-                                          f"{token}", param="logit_bias")
+                raise InvalidRequestError(
+                    f"logit_bias values must be between -100 and 100, got {bias} for token {token}", param="logit_bias"
+                )
         if not 1 <= self.n <= MAX_CHOICES:
             raise InvalidRequestError(f"n must be between 1 and {MAX_CHOICES}, got {self.n}", param="n")
         if any(s == "" for s in self.stop):
@@ -107,7 +111,10 @@ def validate_request(prompt_tokens: int, params: SamplingParams, context_length:
     requested = prompt_tokens + params.max_tokens
     if requested > context_length:
         raise InvalidRequestError(
-            f"This model's maximum context length is {context_length} tokens, but {requested} tokens were requested "
-            f"({prompt_tokens} in the prompt + {params.max_tokens} max_tokens). Shorten the prompt or lower max_tokens.",
-            param="prompt", code="context_length_exceeded",
+            f"This model's maximum context length is {context_length} tokens, "
+            f"but {requested} tokens were requested "
+            f"({prompt_tokens} in the prompt + {params.max_tokens} max_tokens). "
+            "Shorten the prompt or lower max_tokens.",
+            param="prompt",
+            code="context_length_exceeded",
         )

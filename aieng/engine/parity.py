@@ -25,8 +25,9 @@ class ParityReport:
         return not self.mismatches
 
 
-def parity_report(model, tokenizer, prompts: list[str], *, max_new_tokens: int = 24,
-                  engine: Engine | None = None) -> ParityReport:
+def parity_report(
+    model, tokenizer, prompts: list[str], *, max_new_tokens: int = 24, engine: Engine | None = None
+) -> ParityReport:
     """Both sides get the same token ids and stop on the same end-of-sequence ids (the engine's)."""
     engine = engine or Engine(model, tokenizer, config=EngineConfig.exact(compile=False))
     ids = [engine.encode(p) for p in prompts]

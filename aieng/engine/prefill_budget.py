@@ -54,7 +54,7 @@ class PrefillBudget:
         sizes seen vary enough to separate the two."""
         if self._t is None or self.token_s is None:
             return 0.0, self.token_s or 0.0
-        variance = self._tt - self._t ** 2
+        variance = self._tt - self._t**2
         if variance < (0.2 * self._t) ** 2:
             return 0.0, self.token_s
         per_token = (self._ts - self._t * self._s) / variance

@@ -15,14 +15,21 @@ from aieng.engine.hf.kv_batch import left_pad
 
 
 @torch.inference_mode()
-def reference_greedy(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, eos_ids: set[int],
-                     pad_id: int) -> list[tuple[int, ...]]:
+def reference_greedy(
+    model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, eos_ids: set[int], pad_id: int
+) -> list[tuple[int, ...]]:
     """Greedy new tokens per prompt (token ids in), each cut after its first EOS (the EOS kept)."""
     ids, mask = left_pad(prompts, pad_id)
-    out = model.generate(input_ids=ids.to(model.device), attention_mask=mask.to(model.device), do_sample=False,
-                         max_new_tokens=max_new_tokens, eos_token_id=sorted(eos_ids), pad_token_id=pad_id)
+    out = model.generate(
+        input_ids=ids.to(model.device),
+        attention_mask=mask.to(model.device),
+        do_sample=False,
+        max_new_tokens=max_new_tokens,
+        eos_token_id=sorted(eos_ids),
+        pad_token_id=pad_id,
+    )
     rows = []
-    for row in out[:, ids.shape[1]:].tolist():
+    for row in out[:, ids.shape[1] :].tolist():
         cut = next((i + 1 for i, token in enumerate(row) if token in eos_ids), len(row))
         rows.append(tuple(row[:cut]))
     return rows

@@ -41,14 +41,24 @@ class TokenEvent:
     token_ids: tuple[int, ...] = ()  # all generated ids, on the finishing event only
     logprobs: TokenLogprobs | None = None  # this token's, when the request asked for logprobs
     index: int = 0  # the choice this event belongs to (n > 1)
-    prompt_logprobs: tuple | None = None  # on a choice's first event, when asked: each prompt token's (sampling.prompt_logprobs)
+    prompt_logprobs: tuple | None = (
+        None  # on a choice's first event, when asked: each prompt token's (sampling.prompt_logprobs)
+    )
     choice_finish: str | None = None  # set on the event that ends choice ``index``: its finish reason
 
 
 def error_event(request_id: str, error: AiengError, *, prompt_tokens: int = 0) -> TokenEvent:
     """The final event of a request that failed (out of memory, deadline, engine failure)."""
-    return TokenEvent(request_id, None, "", finished=True, finish_reason="error", finish_cause="error",
-                      prompt_tokens=prompt_tokens, error=error)
+    return TokenEvent(
+        request_id,
+        None,
+        "",
+        finished=True,
+        finish_reason="error",
+        finish_cause="error",
+        prompt_tokens=prompt_tokens,
+        error=error,
+    )
 
 
 @dataclass

@@ -99,8 +99,15 @@ class Runner(Protocol):
 
     def wait_for_compile(self, timeout: float | None = None) -> None: ...
 
-    def warm_up(self, run_shapes: RunShapes, shapes: list[tuple[int, int]], progress: Callable[[str], None], *,
-                budget_s: float | None, compile: bool) -> None:
+    def warm_up(
+        self,
+        run_shapes: RunShapes,
+        shapes: list[tuple[int, int]],
+        progress: Callable[[str], None],
+        *,
+        budget_s: float | None,
+        compile: bool,
+    ) -> None:
         """Run the serving shapes through ``run_shapes`` and build what compilation needs."""
 
     def describe(self, config) -> RunnerChoices:

@@ -13,8 +13,8 @@ from __future__ import annotations
 import logging
 
 from aieng.engine.hf.runner import HFRunner
-from aieng.engine.serving_path import check_servable
 from aieng.engine.native.succession import donor_runner
+from aieng.engine.serving_path import check_servable
 from aieng.model_facts import kv_bytes_per_token
 
 log = logging.getLogger("aieng.engine")
@@ -36,10 +36,18 @@ def make_runner(model, *, config, context_length: int, pad_id: int, replacing=No
         formats = donor.formats if donor is not None else format_plan(config.weight_formats, model)
         per_token = kv_bytes_per_token(model.config, next(model.parameters()).dtype.itemsize)
         budget = config.kv_cache_bytes or per_token * (context_length + 1) * config.max_rows
-        runner = NativeRunner(model, context_length=context_length, max_rows=config.max_rows,
-                              kv_cache_bytes=budget, formats=formats, compile_layers=config.compile,
-                              decode_attention=config.decode_attention, kv_cache_dtype=config.kv_cache_dtype,
-                              graphs_from=donor, cache_from_replaced=kv_from_replaced)
+        runner = NativeRunner(
+            model,
+            context_length=context_length,
+            max_rows=config.max_rows,
+            kv_cache_bytes=budget,
+            formats=formats,
+            compile_layers=config.compile,
+            decode_attention=config.decode_attention,
+            kv_cache_dtype=config.kv_cache_dtype,
+            graphs_from=donor,
+            cache_from_replaced=kv_from_replaced,
+        )
         runner.path_reason = path.reason  # why this forward: engine_decisions reports it
         return runner
     log.info("serving with the transformers forward: %s", why_not, extra={"event": "engine_runner"})

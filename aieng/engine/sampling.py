@@ -46,8 +46,9 @@ def filter_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch.
     return logits
 
 
-def sample_row(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator,
-               seen: torch.Tensor | None) -> int:
+def sample_row(
+    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator, seen: torch.Tensor | None
+) -> int:
     """One token for one row. ``logits`` [V] float32."""
     if params.repetition_penalty != 1.0 and seen is not None and seen.numel():
         logits = apply_repetition_penalty(logits, seen, params.repetition_penalty)
@@ -77,8 +78,12 @@ def adjust_logits(logits: torch.Tensor, params: list[SamplingParams], generated:
     return logits
 
 
-def sample_batch(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator],
-                 seen: list[torch.Tensor | None]) -> list[int | Exception]:
+def sample_batch(
+    logits: torch.Tensor,
+    params: list[SamplingParams],
+    generators: list[torch.Generator],
+    seen: list[torch.Tensor | None],
+) -> list[int | Exception]:
     """Tokens for a batch. ``logits`` [B, V]. Greedy rows without penalties share one argmax.
 
     A row whose own sampling raises gets the exception in its place instead of a token, so that
@@ -108,8 +113,9 @@ class TokenLogprobs:
     top: tuple[tuple[int, float], ...] = ()
 
 
-def token_logprobs(logits: torch.Tensor, tokens: list[int | Exception],
-                   params: list[SamplingParams]) -> list[TokenLogprobs | None]:
+def token_logprobs(
+    logits: torch.Tensor, tokens: list[int | Exception], params: list[SamplingParams]
+) -> list[TokenLogprobs | None]:
     """Logprobs for the rows that asked (``params.logprobs`` is not None), None for the others.
     One log-softmax and one top-k over the rows that asked, whatever their number."""
     wanted = [i for i, p in enumerate(params) if p.logprobs is not None and not isinstance(tokens[i], Exception)]
@@ -140,5 +146,7 @@ def _scored(logits: torch.Tensor, tokens: list[int], ks: list[int]) -> list[Toke
     k = min(max(ks, default=0), logprobs.shape[-1])
     top_values, top_ids = logprobs.topk(k, dim=-1) if k else (logprobs[:, :0], logprobs[:, :0].long())
     top_values, top_ids = top_values.tolist(), top_ids.tolist()
-    return [TokenLogprobs(token, chosen[i], tuple(zip(top_ids[i][:ks[i]], top_values[i][:ks[i]])))
-            for i, token in enumerate(tokens)]
+    return [
+        TokenLogprobs(token, chosen[i], tuple(zip(top_ids[i][: ks[i]], top_values[i][: ks[i]])))
+        for i, token in enumerate(tokens)
+    ]

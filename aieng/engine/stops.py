@@ -23,8 +23,8 @@ class StopMatcher:
             self.held, self.stopped = "", True
             return text[:cut]
         keep = self._partial_suffix(text)
-        self.held = text[len(text) - keep:] if keep else ""
-        return text[:len(text) - keep]
+        self.held = text[len(text) - keep :] if keep else ""
+        return text[: len(text) - keep]
 
     def flush(self) -> str:
         held, self.held = self.held, ""

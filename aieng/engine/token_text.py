@@ -46,7 +46,7 @@ class TokenTexts:
         if self._anchor:
             after = self.tokenizer.decode([*self._anchor, token_id])
             if after.startswith(self._anchor_text):
-                return after[len(self._anchor_text):]
+                return after[len(self._anchor_text) :]
         return self.tokenizer.decode([token_id])
 
     def _lookup(self, token_id: int) -> tuple[str, list[int]]:

@@ -55,7 +55,7 @@ class GateThresholds:
     max_latency_ratio: float = 1.5  # candidate p99 latency <= this x current
 
     @classmethod
-    def with_overrides(cls, **overrides) -> "GateThresholds":
+    def with_overrides(cls, **overrides) -> GateThresholds:
         """The defaults with every non-None override applied (CLI flags, runbook parameters)."""
         values = {key: value for key, value in overrides.items() if value is not None}
         unknown = set(values) - set(cls.__dataclass_fields__)
@@ -81,7 +81,7 @@ class Evidence:
     template_sha256: str | None = None  # the chat template the version ships (manifest.prompt_template)
 
     @classmethod
-    def of(cls, manifest) -> "Evidence":
+    def of(cls, manifest) -> Evidence:
         template = (manifest.prompt_template or {}).get("sha256")
         return cls(manifest.version, manifest.eval, manifest.performance_baseline, template)
 
@@ -148,8 +148,9 @@ def perplexity_failures(candidate: Evidence, current: Evidence | None, threshold
         failures.append(f"{value:.3f} > ceiling {thresholds.max_perplexity:g}")
     old = current.eval["metrics"].get("perplexity") if _same_suite(candidate, current) else None
     if old and value > old * (1 + thresholds.max_perplexity_rise) + _EPSILON:
-        failures.append(f"{value:.3f} rises more than {_percent(thresholds.max_perplexity_rise)} over "
-                        f"{old:.3f} ({_label(current)})")
+        failures.append(
+            f"{value:.3f} rises more than {_percent(thresholds.max_perplexity_rise)} over {old:.3f} ({_label(current)})"
+        )
     return failures
 
 
@@ -161,8 +162,10 @@ def template_failures(candidate: Evidence, current: Evidence | None, thresholds:
     if measured is None:
         return ["the evaluation does not record which chat template it used: re-run `aieng eval`"]
     if measured != candidate.template_sha256:
-        return [f"the chat template changed since the evaluation (evaluated with {measured[:12]}, "
-                f"ships {str(candidate.template_sha256)[:12]}): re-run `aieng eval`"]
+        return [
+            f"the chat template changed since the evaluation (evaluated with {measured[:12]}, "
+            f"ships {str(candidate.template_sha256)[:12]}): re-run `aieng eval`"
+        ]
     return []
 
 
@@ -173,34 +176,52 @@ def performance_failures(candidate: Evidence, current: Evidence | None, threshol
     new, old = candidate.performance_baseline, current.performance_baseline
     failures = []
     if new["tokens_per_s"] < old["tokens_per_s"] * (1 - thresholds.max_throughput_drop) - _EPSILON:
-        failures.append(f"{new['tokens_per_s']:.1f} tokens/s drops more than {_percent(thresholds.max_throughput_drop)} "
-                        f"below {old['tokens_per_s']:.1f} ({_label(current)})")
+        failures.append(
+            f"{new['tokens_per_s']:.1f} tokens/s drops more than {_percent(thresholds.max_throughput_drop)} "
+            f"below {old['tokens_per_s']:.1f} ({_label(current)})"
+        )
     if new["latency_p99_s"] > old["latency_p99_s"] * thresholds.max_latency_ratio + _EPSILON:
-        failures.append(f"p99 latency {new['latency_p99_s']:.3f} s > {thresholds.max_latency_ratio:g} x "
-                        f"{old['latency_p99_s']:.3f} s ({_label(current)})")
+        failures.append(
+            f"p99 latency {new['latency_p99_s']:.3f} s > {thresholds.max_latency_ratio:g} x "
+            f"{old['latency_p99_s']:.3f} s ({_label(current)})"
+        )
     return failures
 
 
-RULES = {"floor": floor_failures, "regression": regression_failures, "perplexity": perplexity_failures,
-         "template": template_failures, "performance": performance_failures}
+RULES = {
+    "floor": floor_failures,
+    "regression": regression_failures,
+    "perplexity": perplexity_failures,
+    "template": template_failures,
+    "performance": performance_failures,
+}
 
 
-def release_gate(candidate: Evidence, current: Evidence | None = None,
-                 thresholds: GateThresholds = GateThresholds()) -> GateDecision:
+def release_gate(
+    candidate: Evidence, current: Evidence | None = None, thresholds: GateThresholds = GateThresholds()
+) -> GateDecision:
     """Judge ``candidate`` against ``thresholds`` and, where comparable, the ``current`` version
     (None when there is none, or when the candidate is the current version)."""
     if "accuracy" not in (candidate.eval or {}).get("metrics", {}):
-        raise ValueError(f"{candidate.version or 'the candidate'} has no recorded accuracy (metrics.accuracy): "
-                         "evaluate it first with `aieng eval`")
-    failures = [{"rule": name, "message": message}
-                for name, rule in RULES.items() for message in rule(candidate, current, thresholds)]
+        raise ValueError(
+            f"{candidate.version or 'the candidate'} has no recorded accuracy (metrics.accuracy): "
+            "evaluate it first with `aieng eval`"
+        )
+    failures = [
+        {"rule": name, "message": message}
+        for name, rule in RULES.items()
+        for message in rule(candidate, current, thresholds)
+    ]
     compared = {"eval": _same_suite(candidate, current), "performance": _same_load(candidate, current)}
     return GateDecision(passed=not failures, failures=failures, compared=compared)
 
 
 def _same_suite(candidate: Evidence, current: Evidence | None) -> bool:
-    return (current is not None and "accuracy" in (current.eval or {}).get("metrics", {})
-            and current.eval.get("suite") == candidate.eval.get("suite"))
+    return (
+        current is not None
+        and "accuracy" in (current.eval or {}).get("metrics", {})
+        and current.eval.get("suite") == candidate.eval.get("suite")
+    )
 
 
 def _same_load(candidate: Evidence, current: Evidence | None) -> bool:

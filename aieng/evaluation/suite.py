@@ -63,8 +63,9 @@ def _generate_answers(model, tokenizer, examples, *, batch_size, max_new_tokens)
     prompts = tokenizer(_prompt_texts(tokenizer, examples), add_special_tokens=False)["input_ids"]
     answers: list[str] = []
     for start in range(0, len(prompts), batch_size):
-        for row in reference_greedy(model, prompts[start:start + batch_size], max_new_tokens=max_new_tokens,
-                                    eos_ids=eos, pad_id=pad_id):
+        for row in reference_greedy(
+            model, prompts[start : start + batch_size], max_new_tokens=max_new_tokens, eos_ids=eos, pad_id=pad_id
+        ):
             reply = row[:-1] if row and row[-1] in eos else row
             answers.append(tokenizer.decode(list(reply), skip_special_tokens=True).strip())
     return answers
@@ -81,8 +82,14 @@ def _answer_perplexity(model, tokenizer, examples, *, batch_size) -> float:
     device = next(model.parameters()).device
     prompts = tokenizer(_prompt_texts(tokenizer, examples), add_special_tokens=False)["input_ids"]
     # The reply is the full rendered conversation minus the rendered prompt (a prefix of it).
-    full_texts = [chat_text(tokenizer, [{"role": "user", "content": e.prompt}, {"role": "assistant", "content": e.answer}],
-                            add_generation_prompt=False) for e in examples]
+    full_texts = [
+        chat_text(
+            tokenizer,
+            [{"role": "user", "content": e.prompt}, {"role": "assistant", "content": e.answer}],
+            add_generation_prompt=False,
+        )
+        for e in examples
+    ]
     fulls = tokenizer(full_texts, add_special_tokens=False)["input_ids"]
     total_nll, total_tokens = 0.0, 0
     for start in range(0, len(fulls), batch_size):
@@ -108,13 +115,7 @@ def _answer_perplexity(model, tokenizer, examples, *, batch_size) -> float:
 
 
 def evaluate(
-    model,
-    tokenizer,
-    *,
-    n_per_family: int = 50,
-    seed: int = 1234,
-    batch_size: int = 32,
-    max_new_tokens: int = 48,
+    model, tokenizer, *, n_per_family: int = 50, seed: int = 1234, batch_size: int = 32, max_new_tokens: int = 48
 ) -> EvalReport:
     """Grade ``model`` on ``n_per_family`` held-out prompts of each demo task family.
 
@@ -128,9 +129,7 @@ def evaluate(
     model.eval()
     try:
         examples = held_out_examples(seed, n_per_family)
-        answers = _generate_answers(
-            model, tokenizer, examples, batch_size=batch_size, max_new_tokens=max_new_tokens
-        )
+        answers = _generate_answers(model, tokenizer, examples, batch_size=batch_size, max_new_tokens=max_new_tokens)
         perplexity = _answer_perplexity(model, tokenizer, examples, batch_size=batch_size)
     finally:
         model.train(was_training)
@@ -140,9 +139,7 @@ def evaluate(
         pairs = [(e, a) for e, a in zip(examples, answers) if e.family == family]
         right = sum(a == e.answer for e, a in pairs)
         accuracy[family] = right / len(pairs) if pairs else 0.0
-        mistakes[family] = [
-            {"prompt": e.prompt, "expected": e.answer, "got": a} for e, a in pairs if a != e.answer
-        ][:3]
+        mistakes[family] = [{"prompt": e.prompt, "expected": e.answer, "got": a} for e, a in pairs if a != e.answer][:3]
     return EvalReport(
         suite=SUITE_NAME,
         accuracy=accuracy,

@@ -73,8 +73,10 @@ def _memory(root: Path) -> tuple[int | None, int | None, str | None]:
     v1 = _read(root / "memory" / "memory.limit_in_bytes")
     if v1 is not None:
         limit = None if int(v1) >= _V1_UNLIMITED else int(v1)
-        usage = _usage(_read(root / "memory" / "memory.usage_in_bytes"),
-                       _stat(root / "memory" / "memory.stat", "total_inactive_file"))
+        usage = _usage(
+            _read(root / "memory" / "memory.usage_in_bytes"),
+            _stat(root / "memory" / "memory.stat", "total_inactive_file"),
+        )
         return limit, usage, "cgroup v1"
     return None, None, None
 
@@ -103,5 +105,4 @@ def limits(root: Path = CGROUP_ROOT) -> Limits:
     if limit is not None:
         available = min(host_available, max(0, limit - (usage or 0)))
     limited = (quota is not None and cpu_source) or (limit is not None and memory_source)
-    return Limits(cores=cores, memory_limit_bytes=limit, memory_available_bytes=available,
-                  source=limited or "host")
+    return Limits(cores=cores, memory_limit_bytes=limit, memory_available_bytes=available, source=limited or "host")

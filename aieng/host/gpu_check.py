@@ -28,8 +28,16 @@ from pathlib import Path
 
 import httpx
 
-PROMPTS = ["reverse: egg fish gold", "add: 12+30", "sort: tree king apple", "json: pet=cat age=4",
-           "reverse: pen oak sand", "add: 7+8", "copy: blue moon", "sort: wolf cake jam"]
+PROMPTS = [
+    "reverse: egg fish gold",
+    "add: 12+30",
+    "sort: tree king apple",
+    "json: pet=cat age=4",
+    "reverse: pen oak sand",
+    "add: 7+8",
+    "copy: blue moon",
+    "sort: wolf cake jam",
+]
 
 
 def aieng(store: Path, *args: str, timeout: float = 1800) -> subprocess.CompletedProcess:
@@ -43,19 +51,30 @@ def host_facts() -> dict:
 
     from aieng.host.gpus import default_alloc_conf
 
-    return {"gpus": [{"index": i, "name": torch.cuda.get_device_name(i),
-                      "total_gib": round(torch.cuda.get_device_properties(i).total_memory / 2**30, 1)}
-                     for i in range(torch.cuda.device_count())],
-            "torch": torch.__version__, "cuda": torch.version.cuda, "alloc_conf": default_alloc_conf()}
+    return {
+        "gpus": [
+            {
+                "index": i,
+                "name": torch.cuda.get_device_name(i),
+                "total_gib": round(torch.cuda.get_device_properties(i).total_memory / 2**30, 1),
+            }
+            for i in range(torch.cuda.device_count())
+        ],
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "alloc_conf": default_alloc_conf(),
+    }
 
 
 def build_models(store: Path, work: Path, *, big: bool) -> dict:
     results = {"demo": aieng(store, "demo", "install").returncode == 0}
     if big:
         folder = work / "smollm2-135m"
-        steps = [("demo", "build", "--shape", "smollm2-135m", "--out", str(folder), "--no-progress"),
-                 ("model", "register", str(folder), "--name", "big", "--version", "1"),
-                 ("model", "promote", "big", "1", "--force", "--reason", "gpu check: a performance stand-in")]
+        steps = [
+            ("demo", "build", "--shape", "smollm2-135m", "--out", str(folder), "--no-progress"),
+            ("model", "register", str(folder), "--name", "big", "--version", "1"),
+            ("model", "promote", "big", "1", "--force", "--reason", "gpu check: a performance stand-in"),
+        ]
         results["big"] = all(aieng(store, *step).returncode == 0 for step in steps)
     return results
 
@@ -67,8 +86,12 @@ def serve_check(store: Path, model: str, gpus: int) -> dict:
     from aieng.bench.server_process import ServerProcess
 
     def allocated(text: str) -> dict[str, float]:
-        return {s.labels["device"]: s.value for family in text_string_to_metric_families(text)
-                for s in family.samples if s.name == "aieng_cuda_memory_allocated_bytes"}
+        return {
+            s.labels["device"]: s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+            if s.name == "aieng_cuda_memory_allocated_bytes"
+        }
 
     body = {"model": model, "prompt": "add: 2+2", "max_tokens": 8, "temperature": 0}
     with ServerProcess(store=store, model=model, extra_args=["--workers", "auto"], ready_timeout=900) as server:
@@ -84,8 +107,11 @@ def serve_check(store: Path, model: str, gpus: int) -> dict:
                     client.post(f"{server.base_url}/v1/completions", json=body)
                 readings = allocated(client.get(f"{server.base_url}/metrics").text)
                 pinned = sorted(device for device, value in readings.items() if value > 0)
-    return {"ready_device": ready.get("device"), "devices_with_weights": pinned,
-            "ok": len(pinned) == gpus and str(ready.get("device", "")).startswith("cuda")}
+    return {
+        "ready_device": ready.get("device"),
+        "devices_with_weights": pinned,
+        "ok": len(pinned) == gpus and str(ready.get("device", "")).startswith("cuda"),
+    }
 
 
 def parity_check(store: Path, model: str) -> dict:
@@ -97,13 +123,31 @@ def parity_check(store: Path, model: str) -> dict:
     # float32: in bf16 the engine and generate() may round near-ties differently on the random stand-in
     loaded = load_version(ModelStore(store), parse_ref(model), LoadConfig(device="cuda:0", dtype="float32"))
     report = parity_report(loaded.model, loaded.tokenizer, [user_prompt(loaded.tokenizer, p) for p in PROMPTS])
-    return {"prompts": report.prompts, "identical": report.identical, "ok": report.ok,
-            "first_mismatches": report.mismatches[:2]}
+    return {
+        "prompts": report.prompts,
+        "identical": report.identical,
+        "ok": report.ok,
+        "first_mismatches": report.mismatches[:2],
+    }
 
 
 def bench_check(store: Path, model: str, requests: int) -> dict:
-    out = aieng(store, "bench", "serve", "--model", model, "--concurrency", "1,32", "--max-tokens", "64",
-                "--requests", str(requests), "--no-batching-off", "--no-pss", "--json")
+    out = aieng(
+        store,
+        "bench",
+        "serve",
+        "--model",
+        model,
+        "--concurrency",
+        "1,32",
+        "--max-tokens",
+        "64",
+        "--requests",
+        str(requests),
+        "--no-batching-off",
+        "--no-pss",
+        "--json",
+    )
     if out.returncode != 0:
         return {"ok": False, "error": out.stderr[-2000:]}
     return {"ok": True, "result": json.loads(out.stdout)}
@@ -141,8 +185,11 @@ def oom_check(store: Path) -> dict:
 
     one, whole = peak(1), peak(len(prompts))
     if whole < 2 * one + (8 << 20):
-        return {"ok": False, "error": f"the batch's peak ({whole / 2**20:.1f} MiB) is too close to one row's "
-                                      f"({one / 2**20:.1f} MiB) to provoke an out-of-memory between them"}
+        return {
+            "ok": False,
+            "error": f"the batch's peak ({whole / 2**20:.1f} MiB) is too close to one row's "
+            f"({one / 2**20:.1f} MiB) to provoke an out-of-memory between them",
+        }
     engine = Engine(loaded.model, loaded.tokenizer, config=config)  # its KV cache allocated before the ballast
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
@@ -161,10 +208,18 @@ def oom_check(store: Path) -> dict:
     failed = sum(r.finish_reason == "error" for r in results)
     same = sum(r.token_ids == e for r, e in zip(results, expected))
     splits = engine.stats["oom_splits"]
-    return {"peak_one_row_mib": round(one / 2**20, 1), "peak_batch_mib": round(whole / 2**20, 1),
-            "room_mib": round(room / 2**20, 1), "oom_splits": splits, "requests": len(prompts), "failed": failed,
-            "same_answers": same, "error": error, "seconds": round(seconds, 2),
-            "ok": error is None and splits > 0 and len(results) == len(prompts) and failed == 0}
+    return {
+        "peak_one_row_mib": round(one / 2**20, 1),
+        "peak_batch_mib": round(whole / 2**20, 1),
+        "room_mib": round(room / 2**20, 1),
+        "oom_splits": splits,
+        "requests": len(prompts),
+        "failed": failed,
+        "same_answers": same,
+        "error": error,
+        "seconds": round(seconds, 2),
+        "ok": error is None and splits > 0 and len(results) == len(prompts) and failed == 0,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -180,8 +235,11 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     if not torch.cuda.is_available():
-        print("gpu_check: no CUDA device on this host (torch.cuda.is_available() is False): nothing to check. "
-              "Run it on a GPU host with the CUDA build of torch.", file=sys.stderr)
+        print(
+            "gpu_check: no CUDA device on this host (torch.cuda.is_available() is False): nothing to check. "
+            "Run it on a GPU host with the CUDA build of torch.",
+            file=sys.stderr,
+        )
         return 2
     work = Path(tempfile.mkdtemp(prefix="aieng-gpu-check-"))
     store = args.store or work / "store"
@@ -191,10 +249,15 @@ def main(argv: list[str] | None = None) -> int:
     summary["build"] = build_models(store, work, big=not args.skip_big)
     models = [m for m in ("demo", "big") if summary["build"].get(m)]
     for model in models:
-        summary[model] = {"serve": serve_check(store, model, gpus), "parity": parity_check(store, model),
-                          "bench": bench_check(store, model, args.requests)}
+        summary[model] = {
+            "serve": serve_check(store, model, gpus),
+            "parity": parity_check(store, model),
+            "bench": bench_check(store, model, args.requests),
+        }
     summary["oom"] = oom_check(store) if "demo" in models else {"ok": False, "error": "no demo model"}
-    checks = {f"{model}.{name}": summary[model][name]["ok"] for model in models for name in ("serve", "parity", "bench")}
+    checks = {
+        f"{model}.{name}": summary[model][name]["ok"] for model in models for name in ("serve", "parity", "bench")
+    }
     checks["build"] = all(summary["build"].values())
     checks["oom"] = summary["oom"]["ok"]
     summary["checks"] = checks

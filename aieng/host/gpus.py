@@ -75,15 +75,19 @@ def gpu_totals() -> list[int]:
         try:
             import torch
 
-            return [nvml.nvmlDeviceGetMemoryInfo(nvml.nvmlDeviceGetHandleByIndex(_physical_index(i))).total
-                    for i in range(torch.cuda.device_count())]
+            return [
+                nvml.nvmlDeviceGetMemoryInfo(nvml.nvmlDeviceGetHandleByIndex(_physical_index(i))).total
+                for i in range(torch.cuda.device_count())
+            ]
         except Exception:
             pass
     import subprocess
     import sys
 
-    code = ("import torch; print(' '.join(str(torch.cuda.get_device_properties(i).total_memory) "
-            "for i in range(torch.cuda.device_count())))")
+    code = (
+        "import torch; print(' '.join(str(torch.cuda.get_device_properties(i).total_memory) "
+        "for i in range(torch.cuda.device_count())))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     return [int(part) for part in out.stdout.split()] if out.returncode == 0 else []
 
@@ -91,6 +95,7 @@ def gpu_totals() -> list[int]:
 @dataclass(frozen=True)
 class SplitPlan:
     """Whether a model's weights fit on one GPU, and if not, across how many of one worker's."""
+
     gpus_per_worker: int
     max_memory: dict[int, int]  # device index -> bytes the weights may use there (transformers' max_memory)
     reason: str
@@ -111,19 +116,25 @@ def split_plan(weight_bytes: int, gpu_totals: list[int], fraction: float) -> Spl
     for need, bytes_ in enumerate(room, start=1):
         held += bytes_
         if weight_bytes <= held:
-            return SplitPlan(need, dict(enumerate(room[:need])),
-                             f"{weight_bytes / 2**30:.1f} GiB of weights split across {need} GPUs (at most "
-                             f"{SPLIT_WEIGHT_SHARE:g} of {fraction:g} of each: the rest for activations and KV)")
+            return SplitPlan(
+                need,
+                dict(enumerate(room[:need])),
+                f"{weight_bytes / 2**30:.1f} GiB of weights split across {need} GPUs (at most "
+                f"{SPLIT_WEIGHT_SHARE:g} of {fraction:g} of each: the rest for activations and KV)",
+            )
     from aieng.errors import ModelLoadError
 
-    raise ModelLoadError(f"{weight_bytes / 2**30:.1f} GiB of weights do not fit in {SPLIT_WEIGHT_SHARE:g} of "
-                         f"{fraction:g} of all {len(gpu_totals)} GPU(s) ({held / 2**30:.1f} GiB; the rest is kept for "
-                         "activations and the KV cache); raise AIENG_GPU_MEMORY_FRACTION, use a smaller dtype, or a "
-                         "host with more GPU memory")
+    raise ModelLoadError(
+        f"{weight_bytes / 2**30:.1f} GiB of weights do not fit in {SPLIT_WEIGHT_SHARE:g} of "
+        f"{fraction:g} of all {len(gpu_totals)} GPU(s) ({held / 2**30:.1f} GiB; the rest is kept for "
+        "activations and the KV cache); raise AIENG_GPU_MEMORY_FRACTION, use a smaller dtype, or a "
+        "host with more GPU memory"
+    )
 
 
-def kv_budget(*, total: int, free: int, fraction: float, allocated: int, peak_activations: int,
-              safety: float = KV_SAFETY) -> int:
+def kv_budget(
+    *, total: int, free: int, fraction: float, allocated: int, peak_activations: int, safety: float = KV_SAFETY
+) -> int:
     """Bytes the static KV cache may take: this process's share of the GPU (``fraction`` of
     ``total``) less what its weights hold (``allocated``) and the activation peak a probe forward
     measured, and never more than the card has ``free`` (other processes share it) less that same
@@ -164,8 +175,14 @@ def measure_kv_budget(device, fraction: float, probe) -> tuple[int, dict]:
     torch.cuda.empty_cache()
     free, total = torch.cuda.mem_get_info(device)
     budget = kv_budget(total=total, free=free, fraction=fraction, allocated=allocated, peak_activations=peak)
-    figures = {"total": total, "free": free, "fraction": fraction, "weights": allocated, "activation_peak": peak,
-               "kv_budget": budget}
+    figures = {
+        "total": total,
+        "free": free,
+        "fraction": fraction,
+        "weights": allocated,
+        "activation_peak": peak,
+        "kv_budget": budget,
+    }
     return budget, figures
 
 
@@ -196,10 +213,15 @@ def memory_snapshot() -> list[DeviceMemory]:
                 utilization = nvml.nvmlDeviceGetUtilizationRates(handle).gpu / 100
             except Exception:  # a driver without the query: no reading rather than no metrics
                 utilization = None
-        readings.append(DeviceMemory(device=f"cuda:{index}", allocated=torch.cuda.memory_allocated(index),
-                                     reserved=torch.cuda.memory_reserved(index),
-                                     total=torch.cuda.get_device_properties(index).total_memory,
-                                     utilization=utilization))
+        readings.append(
+            DeviceMemory(
+                device=f"cuda:{index}",
+                allocated=torch.cuda.memory_allocated(index),
+                reserved=torch.cuda.memory_reserved(index),
+                total=torch.cuda.get_device_properties(index).total_memory,
+                utilization=utilization,
+            )
+        )
     return readings
 
 

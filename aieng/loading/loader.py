@@ -34,9 +34,13 @@ class LoadConfig:
     max_memory: dict[int, int] | None = None
 
     @classmethod
-    def from_settings(cls, settings) -> "LoadConfig":
-        return cls(device=settings.device, dtype=settings.dtype, memory_headroom=settings.memory_headroom,
-                   gpu_memory_fraction=settings.gpu_memory_fraction)
+    def from_settings(cls, settings) -> LoadConfig:
+        return cls(
+            device=settings.device,
+            dtype=settings.dtype,
+            memory_headroom=settings.memory_headroom,
+            gpu_memory_fraction=settings.gpu_memory_fraction,
+        )
 
 
 @dataclass
@@ -96,19 +100,31 @@ def _load(path: Path, *, label: str, num_parameters: int, config: LoadConfig) ->
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if needs_remote_code(read_config(path)):
-        raise ModelLoadError(f"{label} needs trust_remote_code, which aieng never enables; "
-                             "serve a model whose architecture transformers ships", code="remote_code_refused")
+        raise ModelLoadError(
+            f"{label} needs trust_remote_code, which aieng never enables; "
+            "serve a model whose architecture transformers ships",
+            code="remote_code_refused",
+        )
     device = choose_device(config.device)
     dtype = choose_dtype(config.dtype, device)
     split = config.max_memory is not None and device.type == "cuda"
     if split:  # split_plan checked the sum over the GPUs; each one's share is its max_memory
         device = torch.device("cuda", min(config.max_memory))
-        budget = MemoryBudget(device="cuda (split)", needed_bytes=num_parameters * dtype.itemsize,
-                              allowed_bytes=sum(config.max_memory.values()),
-                              detail=f"split across {len(config.max_memory)} GPUs")
+        budget = MemoryBudget(
+            device="cuda (split)",
+            needed_bytes=num_parameters * dtype.itemsize,
+            allowed_bytes=sum(config.max_memory.values()),
+            detail=f"split across {len(config.max_memory)} GPUs",
+        )
     else:
-        budget = check_memory_budget(label, num_parameters, dtype, device, memory_headroom=config.memory_headroom,
-                                     gpu_memory_fraction=config.gpu_memory_fraction)
+        budget = check_memory_budget(
+            label,
+            num_parameters,
+            dtype,
+            device,
+            memory_headroom=config.memory_headroom,
+            gpu_memory_fraction=config.gpu_memory_fraction,
+        )
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=False)
     placement = {"device_map": "auto", "max_memory": dict(config.max_memory)} if split else {}
     model = AutoModelForCausalLM.from_pretrained(
@@ -119,5 +135,15 @@ def _load(path: Path, *, label: str, num_parameters: int, config: LoadConfig) ->
     model.eval()
     if tokenizer.pad_token_id is None and tokenizer.eos_token_id is not None:
         tokenizer.pad_token = tokenizer.eos_token  # batching needs a pad id; eos is the usual stand-in
-    return LoadedModel(model=model, tokenizer=tokenizer, path=path, name=path.name, version=None, manifest=None,
-                       device=device, dtype=dtype, load_seconds=0.0, budget=budget)
+    return LoadedModel(
+        model=model,
+        tokenizer=tokenizer,
+        path=path,
+        name=path.name,
+        version=None,
+        manifest=None,
+        device=device,
+        dtype=dtype,
+        load_seconds=0.0,
+        budget=budget,
+    )

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
-from aieng.host import container_limits
 from aieng.errors import ModelLoadError
+from aieng.host import container_limits
 
 GiB = 1024**3
 WEIGHT_OVERHEAD = 1.2  # transient copies while materialising weights, allocator slack
@@ -35,14 +35,22 @@ def estimate_weight_bytes(num_parameters: int, dtype: torch.dtype) -> int:
     return int(num_parameters * element * WEIGHT_OVERHEAD)
 
 
-def memory_budget(num_parameters: int, dtype: torch.dtype, device: torch.device, *,
-                  memory_headroom: float = 0.8, gpu_memory_fraction: float = 0.9,
-                  available_bytes: int | None = None) -> MemoryBudget:
+def memory_budget(
+    num_parameters: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    *,
+    memory_headroom: float = 0.8,
+    gpu_memory_fraction: float = 0.9,
+    available_bytes: int | None = None,
+) -> MemoryBudget:
     """Compute the budget; ``available_bytes`` overrides the measurement (tests, what-if planning)."""
     needed = estimate_weight_bytes(num_parameters, dtype)
     if device.type == "cuda":
         index = device.index if device.index is not None else torch.cuda.current_device()
-        free, total = (available_bytes, available_bytes) if available_bytes is not None else torch.cuda.mem_get_info(index)
+        free, total = (
+            (available_bytes, available_bytes) if available_bytes is not None else torch.cuda.mem_get_info(index)
+        )
         allowed = int(min(free, total * gpu_memory_fraction))
         detail = f"min(free {free / GiB:.2f} GiB, total {total / GiB:.2f} GiB × {gpu_memory_fraction})"
     else:
@@ -56,12 +64,15 @@ def memory_budget(num_parameters: int, dtype: torch.dtype, device: torch.device,
     return MemoryBudget(device=str(device), needed_bytes=needed, allowed_bytes=allowed, detail=detail)
 
 
-def check_memory_budget(label: str, num_parameters: int, dtype: torch.dtype, device: torch.device, **kwargs) -> MemoryBudget:
+def check_memory_budget(
+    label: str, num_parameters: int, dtype: torch.dtype, device: torch.device, **kwargs
+) -> MemoryBudget:
     budget = memory_budget(num_parameters, dtype, device, **kwargs)
     if not budget.fits:
         dtype_name = str(dtype).removeprefix("torch.")
         raise ModelLoadError(
-            f"{label} needs about {budget.needed_bytes / GiB:.2f} GiB for {num_parameters:,} parameters in {dtype_name} "
+            f"{label} needs about {budget.needed_bytes / GiB:.2f} GiB for {num_parameters:,} parameters "
+            f"in {dtype_name} "
             f"on {budget.device}, but only {budget.allowed_bytes / GiB:.2f} GiB is allowed ({budget.detail}). "
             "Free memory, choose a smaller dtype (--dtype bfloat16), or use a larger machine",
             code="insufficient_memory",

@@ -13,8 +13,9 @@ from __future__ import annotations
 import random
 
 
-def arrival_times(process: str, rate: float, duration_s: float, *, burstiness: float = 1.0, seed: int = 0,
-                  limit: int = 1_000_000) -> list[float]:
+def arrival_times(
+    process: str, rate: float, duration_s: float, *, burstiness: float = 1.0, seed: int = 0, limit: int = 1_000_000
+) -> list[float]:
     """Seconds from the start at which each request is due, up to ``duration_s`` (at most ``limit``)."""
     if rate <= 0:
         raise ValueError(f"an open-loop arrival needs a rate > 0, got {rate}")

@@ -93,14 +93,18 @@ class ServerBooks:
         while True:
             self.look("after")
             after, waited = self.snapshots["after"], time.monotonic() - start
-            if after is None or waited > timeout_s or not (
-                    after.value("aieng_requests_running") or after.value("aieng_requests_waiting")):
+            if (
+                after is None
+                or waited > timeout_s
+                or not (after.value("aieng_requests_running") or after.value("aieng_requests_waiting"))
+            ):
                 return after, waited
             time.sleep(0.5)
 
 
-def post_run_checks(books: ServerBooks, records: list, measured_summary: dict,
-                    limits: CheckLimits = CheckLimits()) -> list[dict]:
+def post_run_checks(
+    books: ServerBooks, records: list, measured_summary: dict, limits: CheckLimits = CheckLimits()
+) -> list[dict]:
     """Each check: ``{name, passed (True/False/None: skipped), detail}``."""
     after, waited = books.wait_idle(limits.idle_timeout_s)
     checks = [_rss_growth(books, len(records), limits), _metrics_agree(books, records, limits)]
@@ -108,14 +112,24 @@ def post_run_checks(books: ServerBooks, records: list, measured_summary: dict,
         checks.append(_skipped("idle_after", "the server has no aieng metrics to show running and waiting requests"))
     else:
         running, waiting = after.value("aieng_requests_running"), after.value("aieng_requests_waiting")
-        checks.append({"name": "idle_after", "passed": running == 0 and waiting == 0,
-                       "detail": f"{running:g} running, {waiting:g} waiting {waited:.1f} s after the client finished "
-                                 f"(waits up to {limits.idle_timeout_s:g} s)"})
+        checks.append(
+            {
+                "name": "idle_after",
+                "passed": running == 0 and waiting == 0,
+                "detail": f"{running:g} running, {waiting:g} waiting {waited:.1f} s after the client finished "
+                f"(waits up to {limits.idle_timeout_s:g} s)",
+            }
+        )
     total, failed = measured_summary["requests"], measured_summary["failed"]
     rate = failed / total if total else 0.0
-    checks.append({"name": "error_rate", "passed": bool(total) and rate <= limits.max_error_rate,
-                   "detail": f"{failed} of {total} measured requests failed ({rate:.2%}; limit "
-                             f"{limits.max_error_rate:.2%})" + ("" if total else ": nothing was measured")})
+    checks.append(
+        {
+            "name": "error_rate",
+            "passed": bool(total) and rate <= limits.max_error_rate,
+            "detail": f"{failed} of {total} measured requests failed ({rate:.2%}; limit "
+            f"{limits.max_error_rate:.2%})" + ("" if total else ": nothing was measured"),
+        }
+    )
     return checks
 
 
@@ -130,11 +144,16 @@ def _rss_growth(books: ServerBooks, requests: int, limits: CheckLimits) -> dict:
     growth = (after - warm) / warm
     allowed = max(limits.rss_growth_floor, limits.max_rss_growth_per_1k * requests / 1000)
     peak = max((v for _, v in books.rss_samples), default=None)
-    return {"name": "rss_growth", "passed": growth <= allowed, "value": round(growth, 5),
-            "detail": f"{warm / 2**20:.0f} MiB after warm-up -> {after / 2**20:.0f} MiB after {requests} requests"
-                      + (f" (peak {peak / 2**20:.0f} MiB over {len(books.rss_samples)} samples)" if peak else "") + ": "
-                      f"{growth:+.2%} (allowed {allowed:.1%}: {limits.max_rss_growth_per_1k:.0%} per 1,000 requests, "
-                      f"at least {limits.rss_growth_floor:.0%})"}
+    return {
+        "name": "rss_growth",
+        "passed": growth <= allowed,
+        "value": round(growth, 5),
+        "detail": f"{warm / 2**20:.0f} MiB after warm-up -> {after / 2**20:.0f} MiB after {requests} requests"
+        + (f" (peak {peak / 2**20:.0f} MiB over {len(books.rss_samples)} samples)" if peak else "")
+        + ": "
+        f"{growth:+.2%} (allowed {allowed:.1%}: {limits.max_rss_growth_per_1k:.0%} per 1,000 requests, "
+        f"at least {limits.rss_growth_floor:.0%})",
+    }
 
 
 def _metrics_agree(books: ServerBooks, records: list, limits: CheckLimits) -> dict:
@@ -149,16 +168,22 @@ def _metrics_agree(books: ServerBooks, records: list, limits: CheckLimits) -> di
     client_errors = sum(500 <= r.status < 600 for r in records)
     problems = []
     if not len(answered) <= served <= len(records):
-        problems.append(f"server counted {served:g} generation requests, client {len(answered)} answered "
-                        f"of {len(records)} sent")
+        problems.append(
+            f"server counted {served:g} generation requests, client {len(answered)} answered of {len(records)} sent"
+        )
     # a request the client hung up on may still have finished on the server (and been counted) first
     unknown = sum(r.max_tokens for r in records if r.cancelled or (r.status == 200 and r.error is not None))
     slack = limits.token_tolerance * max(client_tokens, 1)
     if not client_tokens - slack <= tokens <= client_tokens + unknown + slack:
-        problems.append(f"server generated {tokens:g} tokens, client received {client_tokens}"
-                        + (f" (+ up to {unknown} in replies it hung up on or that failed mid-stream)" if unknown else ""))
+        problems.append(
+            f"server generated {tokens:g} tokens, client received {client_tokens}"
+            + (f" (+ up to {unknown} in replies it hung up on or that failed mid-stream)" if unknown else "")
+        )
     if errors != client_errors:
         problems.append(f"server answered {errors:g} requests with 5xx, client saw {client_errors}")
-    return {"name": "metrics_agree", "passed": not problems,
-            "detail": "; ".join(problems) or f"requests {served:g}, tokens {tokens:g}, 5xx {errors:g}: as counted "
-                                                 f"by the client"}
+    return {
+        "name": "metrics_agree",
+        "passed": not problems,
+        "detail": "; ".join(problems)
+        or f"requests {served:g}, tokens {tokens:g}, 5xx {errors:g}: as counted by the client",
+    }

@@ -72,8 +72,12 @@ class RequestRecord:
     def expected(self) -> bool:
         """Ended as its class asked: a complete reply, or the cancel, deadline or 400 it was sent to get.
         A deadline may also be met (the reply was fast enough)."""
-        wanted = {"complete": ("ok",), "cancel": ("cancelled",), "deadline": ("timeout", "ok"),
-                  "invalid": ("rejected",)}[self.intent]
+        wanted = {
+            "complete": ("ok",),
+            "cancel": ("cancelled",),
+            "deadline": ("timeout", "ok"),
+            "invalid": ("rejected",),
+        }[self.intent]
         return self.outcome in wanted and (self.intent != "invalid" or self.status == 400)
 
     @property
@@ -115,16 +119,25 @@ class Requests:
         self.prompts = {c.name: c.prompts(pool, workload.seed) for c in workload.classes}
         self.count = 0
         # "openai": a server with no way to ignore EOS; replies may then end before max_tokens
-        self.extra = {c.name: (peer_body_extra(server_kind, c.max_tokens, None)
-                               if c.exact_tokens and server_kind != "openai" else {}) for c in workload.classes}
+        self.extra = {
+            c.name: (
+                peer_body_extra(server_kind, c.max_tokens, None) if c.exact_tokens and server_kind != "openai" else {}
+            )
+            for c in workload.classes
+        }
 
     def next(self) -> tuple[RequestClass, dict]:
         w = self.workload
         cls = self.rng.choices(w.classes, weights=[c.share for c in w.classes])[0]
         prompt = self.prompts[cls.name][self.count % len(self.prompts[cls.name])]
         self.count += 1
-        body = {"model": w.model, "max_tokens": cls.max_tokens, "stream": cls.stream, **w.extra_body,
-                **self.extra[cls.name]}
+        body = {
+            "model": w.model,
+            "max_tokens": cls.max_tokens,
+            "stream": cls.stream,
+            **w.extra_body,
+            **self.extra[cls.name],
+        }
         if cls.stream:
             body["stream_options"] = {"include_usage": True}
         if cls.deadline_s:
@@ -145,8 +158,16 @@ def _error_code(text: str) -> str | None:
         return None
 
 
-async def _send(session: aiohttp.ClientSession, url: str, body: dict, record: RequestRecord, t0: float,
-                honour_retry_after: bool, timeout_s: float, cancel_after: int = 0) -> None:
+async def _send(
+    session: aiohttp.ClientSession,
+    url: str,
+    body: dict,
+    record: RequestRecord,
+    t0: float,
+    honour_retry_after: bool,
+    timeout_s: float,
+    cancel_after: int = 0,
+) -> None:
     now = lambda: time.perf_counter() - t0  # noqa: E731
     record.sent = now()
     try:
@@ -206,15 +227,16 @@ async def _send(session: aiohttp.ClientSession, url: str, body: dict, record: Re
                             last = t
                 record.end = now()
                 return
-    except asyncio.TimeoutError:  # the status stays: 0 when no reply began, 200 when a stream was cut short
+    except TimeoutError:  # the status stays: 0 when no reply began, 200 when a stream was cut short
         record.end = now()
         record.error = f"no complete reply within the workload's timeout_s ({timeout_s:g} s)"
     except (aiohttp.ClientError, aiohttp.http_exceptions.HttpProcessingError, ValueError) as exc:
         record.error, record.end = repr(exc)[:300], now()
 
 
-async def run_async(workload: Workload, config: RunConfig,
-                    on_warm: Callable[[], None] | None = None) -> tuple[list[RequestRecord], float]:
+async def run_async(
+    workload: Workload, config: RunConfig, on_warm: Callable[[], None] | None = None
+) -> tuple[list[RequestRecord], float]:
     """Run the workload once; returns every request's record and the run's wall time.
     ``on_warm`` is called (on a thread) when the warm-up ends: the post-run checks' first look."""
     w, arrival = workload, workload.arrival
@@ -224,11 +246,27 @@ async def run_async(workload: Workload, config: RunConfig,
     window = (w.warmup_s, w.duration_s - w.cooldown_s)
     connector = aiohttp.TCPConnector(limit=config.max_in_flight)
     timeout = aiohttp.ClientTimeout(total=w.timeout_s, sock_connect=30)
-    due_times = None if arrival.process == "closed" else arrival_times(
-        arrival.process, arrival.rate, w.duration_s, burstiness=arrival.burstiness, seed=w.seed, limit=w.max_requests)
-    bar = tqdm(total=None if due_times is None else len(due_times), unit="req", disable=not config.progress,
-               desc=f"loadtest {w.name} " + (f"{arrival.users} users" if due_times is None else
-                                             f"{arrival.process} {arrival.rate:.4g}/s"), leave=False, mininterval=1.0)
+    due_times = (
+        None
+        if arrival.process == "closed"
+        else arrival_times(
+            arrival.process,
+            arrival.rate,
+            w.duration_s,
+            burstiness=arrival.burstiness,
+            seed=w.seed,
+            limit=w.max_requests,
+        )
+    )
+    bar = tqdm(
+        total=None if due_times is None else len(due_times),
+        unit="req",
+        disable=not config.progress,
+        desc=f"loadtest {w.name} "
+        + (f"{arrival.users} users" if due_times is None else f"{arrival.process} {arrival.rate:.4g}/s"),
+        leave=False,
+        mininterval=1.0,
+    )
     counts = {"ok": 0, "failed": 0}
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         t0 = time.perf_counter()
@@ -236,8 +274,13 @@ async def run_async(workload: Workload, config: RunConfig,
 
         async def one(scheduled: float) -> None:
             cls, body = requests.next()
-            record = RequestRecord(cls.name, scheduled, measured=window[0] <= scheduled < window[1], intent=cls.intent,
-                                   max_tokens=cls.max_tokens)
+            record = RequestRecord(
+                cls.name,
+                scheduled,
+                measured=window[0] <= scheduled < window[1],
+                intent=cls.intent,
+                max_tokens=cls.max_tokens,
+            )
             records.append(record)
             await _send(session, url, body, record, t0, config.honour_retry_after, w.timeout_s, cls.cancel_after)
             counts["ok" if record.expected else "failed"] += 1
@@ -273,7 +316,8 @@ async def _call_at(seconds: float, fn: Callable[[], None] | None) -> None:
         await asyncio.to_thread(fn)
 
 
-def run(workload: Workload, config: RunConfig, on_warm: Callable[[], None] | None = None
-        ) -> tuple[list[RequestRecord], float]:
+def run(
+    workload: Workload, config: RunConfig, on_warm: Callable[[], None] | None = None
+) -> tuple[list[RequestRecord], float]:
     """Synchronous wrapper; works inside a notebook's running event loop too."""
     return run_sync(run_async(workload, config, on_warm))

@@ -39,8 +39,9 @@ def run_loadtest(test: LoadTest, log: Callable[[str], None] = print) -> dict:
     _reachable(test.url)
     books = ServerBooks(test.url, pid=test.pid)
     books.look("before")
-    config = RunConfig(url=test.url, server_kind=test.server_kind, honour_retry_after=test.honour_retry_after,
-                       progress=test.progress)
+    config = RunConfig(
+        url=test.url, server_kind=test.server_kind, honour_retry_after=test.honour_retry_after, progress=test.progress
+    )
     w = test.workload
     stop_sampling = books.sample_during()
     if test.sweep:
@@ -48,32 +49,52 @@ def run_loadtest(test: LoadTest, log: Callable[[str], None] = print) -> dict:
         levels = run_sweep(w, config, test.slos, on_warm=lambda: books.look("warm"), log=log)
         knee = saturation(levels)
         plan = capacity_plan(levels, test.target_rps, test.headroom)
-        below = levels[:knee["level"]] if knee else levels  # the error-rate check judges the sustainable levels
+        below = levels[: knee["level"]] if knee else levels  # the error-rate check judges the sustainable levels
     else:
         a = w.arrival
-        log(f"[loadtest] {w.name} against {test.url}: " + (f"{a.users} closed-loop users, think {a.think_s:g} s"
-            if a.process == "closed" else f"{a.process} arrivals at {a.rate:g} req/s") + f" for {w.duration_s:g} s")
+        log(
+            f"[loadtest] {w.name} against {test.url}: "
+            + (
+                f"{a.users} closed-loop users, think {a.think_s:g} s"
+                if a.process == "closed"
+                else f"{a.process} arrivals at {a.rate:g} req/s"
+            )
+            + f" for {w.duration_s:g} s"
+        )
         levels = [run_level(w, config, test.slos, on_warm=lambda: books.look("warm"))]
         knee, plan, below = None, None, levels
     stop_sampling()
     records = [r for level in levels for r in level["records"]]
     measured = [r for level in below for r in level["records"] if r.measured]
     checks = post_run_checks(books, records, describe(measured, 1.0, test.slos), test.limits)
-    data = results(w, test.url, test.server_kind, levels, sweep=test.sweep, saturation=knee, capacity=plan, checks=checks,
-                   slos=test.slos)
+    data = results(
+        w,
+        test.url,
+        test.server_kind,
+        levels,
+        sweep=test.sweep,
+        saturation=knee,
+        capacity=plan,
+        checks=checks,
+        slos=test.slos,
+    )
     data["rss_samples"] = books.rss_samples
     paths = write(test.out, data, levels)
     for level in data["levels"]:
         a = level["summary"]["all"]
-        log(f"[loadtest] {level_name(level)}: {a['requests']} measured requests, {a['throughput_rps']} req/s, goodput "
+        log(
+            f"[loadtest] {level_name(level)}: {a['requests']} measured requests, {a['throughput_rps']} req/s, goodput "
             f"{a['goodput_rps']} req/s ({a['slo_attainment']} met {test.slos}), TTFT p50/p99 "
-            f"{a['ttft_s']['p50']}/{a['ttft_s']['p99']} s, ITL p99 {a['itl_s']['p99']} s, failed {a['failed']}")
+            f"{a['ttft_s']['p50']}/{a['ttft_s']['p99']} s, ITL p99 {a['itl_s']['p99']} s, failed {a['failed']}"
+        )
     if test.sweep:
         log(f"[loadtest] saturation: {data['saturation'] or 'not reached'}")
         log(f"[loadtest] capacity: {capacity_text(plan)}")
     for check in checks:
-        log(f"[loadtest] check {check['name']}: {({True: 'passed', False: 'FAILED', None: 'skipped'})[check['passed']]}"
-            f" - {check['detail']}")
+        log(
+            f"[loadtest] check {check['name']}: {({True: 'passed', False: 'FAILED', None: 'skipped'})[check['passed']]}"
+            f" - {check['detail']}"
+        )
     log(f"[loadtest] wrote {paths['results']} and {paths['report']}")
     return data
 
@@ -82,5 +103,6 @@ def _reachable(url: str) -> None:
     try:
         httpx.get(url.rstrip("/") + "/v1/models", timeout=10)
     except httpx.HTTPError as exc:
-        raise SystemExit(f"aieng loadtest: {url} does not answer ({exc}); start the server first "
-                         f"(`make serve`, or `aieng serve`)") from None
+        raise SystemExit(
+            f"aieng loadtest: {url} does not answer ({exc}); start the server first (`make serve`, or `aieng serve`)"
+        ) from None

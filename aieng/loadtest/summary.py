@@ -77,8 +77,9 @@ def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 5)
 
 
-def describe(records: list[RequestRecord], window_s: float, slos: dict[str, float],
-             finished: list[RequestRecord] | None = None) -> dict:
+def describe(
+    records: list[RequestRecord], window_s: float, slos: dict[str, float], finished: list[RequestRecord] | None = None
+) -> dict:
     """One group of measured requests (a class, or all): counts, percentiles, and rates.
 
     ``failed`` counts requests that did not end as their class meant (a soak's cancels, expired
@@ -93,15 +94,20 @@ def describe(records: list[RequestRecord], window_s: float, slos: dict[str, floa
     met = [r for r in done if meets(r, slos)]
     statuses = Counter(str(r.status) for r in records if not r.ok and not r.cancelled)
     return {
-        "requests": len(records), "ok": len(ok), "failed": sum(not r.expected for r in records),
+        "requests": len(records),
+        "ok": len(ok),
+        "failed": sum(not r.expected for r in records),
         "outcomes": dict(sorted(Counter(r.outcome for r in records).items())),
         "errors_by_status": dict(sorted(statuses.items())),
-        "rate_limited": sum(r.status == 429 for r in records), "retried_after_429": sum(r.retries for r in records),
-        "offered_rps": round(len(records) / window_s, 4), "throughput_rps": round(len(done) / window_s, 4),
+        "rate_limited": sum(r.status == 429 for r in records),
+        "retried_after_429": sum(r.retries for r in records),
+        "offered_rps": round(len(records) / window_s, 4),
+        "throughput_rps": round(len(done) / window_s, 4),
         "goodput_rps": round(len(met) / window_s, 4),
         "slo_attainment": round(sum(meets(r, slos) for r in ok) / len(records), 4) if records else None,
         "output_tokens_per_s": round(sum(r.completion_tokens for r in done) / window_s, 2),
-        "tokens_in": sum(r.prompt_tokens or 0 for r in ok), "tokens_out": sum(r.completion_tokens for r in ok),
+        "tokens_in": sum(r.prompt_tokens or 0 for r in ok),
+        "tokens_out": sum(r.completion_tokens for r in ok),
         "ttft_s": _spread([r.ttft_s for r in ok if r.ttft_s is not None]),
         "itl_s": _spread([g for r in ok for g in r.gaps]),
         "tpot_s": _spread([r.tpot_s for r in ok if r.tpot_s is not None]),
@@ -116,9 +122,15 @@ def summarize(records: list[RequestRecord], window: tuple[float, float], slos: d
     finished = [r for r in records if window[0] <= r.end < window[1]]
     classes = sorted({r.cls for r in records})
     seconds = window[1] - window[0]
-    return {"window_s": round(seconds, 3), "slos": slos, "all": describe(measured, seconds, slos, finished),
-            "classes": {c: describe([r for r in measured if r.cls == c], seconds, slos,
-                                    [r for r in finished if r.cls == c]) for c in classes}}
+    return {
+        "window_s": round(seconds, 3),
+        "slos": slos,
+        "all": describe(measured, seconds, slos, finished),
+        "classes": {
+            c: describe([r for r in measured if r.cls == c], seconds, slos, [r for r in finished if r.cls == c])
+            for c in classes
+        },
+    }
 
 
 def timeline(records: list[RequestRecord], bin_s: float = 1.0) -> dict:
@@ -135,5 +147,8 @@ def timeline(records: list[RequestRecord], bin_s: float = 1.0) -> dict:
                 tokens[min(bins - 1, int(t / bin_s))] += 1
         for b in range(int(r.scheduled / bin_s), min(bins, int(r.end / bin_s) + 1)):
             in_flight[b] += 1
-    return {"t_s": [round(i * bin_s, 3) for i in range(bins)], "tokens_per_s": [n / bin_s for n in tokens],
-            "in_flight": in_flight}
+    return {
+        "t_s": [round(i * bin_s, 3) for i in range(bins)],
+        "tokens_per_s": [n / bin_s for n in tokens],
+        "in_flight": in_flight,
+    }

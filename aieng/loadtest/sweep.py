@@ -25,9 +25,15 @@ def run_level(workload: Workload, config: RunConfig, slos: dict[str, float], on_
     records, wall = run(workload, config, on_warm=on_warm)
     window = (workload.warmup_s, workload.duration_s - workload.cooldown_s)
     arrival = workload.arrival
-    return {"process": arrival.process, "rate": arrival.rate if arrival.process != "closed" else None,
-            "users": arrival.users if arrival.process == "closed" else None, "wall_s": round(wall, 3),
-            "summary": summarize(records, window, slos), "timeline": timeline(records), "records": records}
+    return {
+        "process": arrival.process,
+        "rate": arrival.rate if arrival.process != "closed" else None,
+        "users": arrival.users if arrival.process == "closed" else None,
+        "wall_s": round(wall, 3),
+        "summary": summarize(records, window, slos),
+        "timeline": timeline(records),
+        "records": records,
+    }
 
 
 def sweep_rates(workload: Workload) -> list[float]:
@@ -35,8 +41,9 @@ def sweep_rates(workload: Workload) -> list[float]:
     return list(s.rates) if s.rates else [round(s.start * s.factor**i, 4) for i in range(s.max_levels)]
 
 
-def run_sweep(workload: Workload, config: RunConfig, slos: dict[str, float], *, on_warm=None,
-              log: Callable[[str], None] = print) -> list[dict]:
+def run_sweep(
+    workload: Workload, config: RunConfig, slos: dict[str, float], *, on_warm=None, log: Callable[[str], None] = print
+) -> list[dict]:
     """Open-loop levels at rising rates (``sweep`` of the workload), until one level past saturation."""
     s = workload.sweep
     process = workload.arrival.process if workload.arrival.process != "closed" else "poisson"
@@ -46,14 +53,21 @@ def run_sweep(workload: Workload, config: RunConfig, slos: dict[str, float], *, 
     for i, rate in enumerate(sweep_rates(workload)):
         # a level past saturation must not outlast itself by the full request timeout: what has not
         # finished within twice the level's length counts as failed, and the sweep moves on
-        level_workload = replace(workload.with_arrival(process=process, rate=rate), duration_s=s.duration_s,
-                                 warmup_s=warmup, cooldown_s=cooldown, seed=workload.seed + i,
-                                 timeout_s=min(workload.timeout_s, max(30.0, 2 * s.duration_s)))
+        level_workload = replace(
+            workload.with_arrival(process=process, rate=rate),
+            duration_s=s.duration_s,
+            warmup_s=warmup,
+            cooldown_s=cooldown,
+            seed=workload.seed + i,
+            timeout_s=min(workload.timeout_s, max(30.0, 2 * s.duration_s)),
+        )
         level = run_level(level_workload, config, slos, on_warm=on_warm if i == 0 else None)
         levels.append(level)
         a = level["summary"]["all"]
-        log(f"[loadtest] {process} {rate:.4g} req/s: throughput {a['throughput_rps']:g} req/s, goodput "
-            f"{a['goodput_rps']:g}, e2e p50 {a['e2e_s']['p50']} s, failed {a['failed']}")
+        log(
+            f"[loadtest] {process} {rate:.4g} req/s: throughput {a['throughput_rps']:g} req/s, goodput "
+            f"{a['goodput_rps']:g}, e2e p50 {a['e2e_s']['p50']} s, failed {a['failed']}"
+        )
         knee = saturation(levels)
         if knee is not None and (knee["level"] < len(levels) - 1 or a["throughput_rps"] < 0.5 * a["offered_rps"]):
             break  # one level past the knee shows it was not noise (or the server is already far past it)
@@ -84,20 +98,36 @@ def saturation(levels: list[dict]) -> dict | None:
         a = level["summary"]["all"]
         if any(marks[i]) and (i + 1 == len(levels) or any(marks[i + 1])):
             previous = levels[i - 1]["summary"]["all"]["throughput_rps"] if i else None
-            return {"level": i, "offered_rps": a["offered_rps"], "throughput_rps": a["throughput_rps"],
-                    "sustainable_rps": previous, "reason": "throughput fell behind the offered rate" if marks[i][0]
-                    else "throughput stopped rising while median latency climbed"}
+            return {
+                "level": i,
+                "offered_rps": a["offered_rps"],
+                "throughput_rps": a["throughput_rps"],
+                "sustainable_rps": previous,
+                "reason": "throughput fell behind the offered rate"
+                if marks[i][0]
+                else "throughput stopped rising while median latency climbed",
+            }
     return None
 
 
-def capacity_plan(levels: list[dict], target_rps: float | None = None, headroom: float = 0.2,
-                  min_attainment: float = MIN_ATTAINMENT) -> dict:
+def capacity_plan(
+    levels: list[dict], target_rps: float | None = None, headroom: float = 0.2, min_attainment: float = MIN_ATTAINMENT
+) -> dict:
     """The highest offered rate one server met the SLOs at, and the replicas a target rate needs."""
-    good = [lv for lv in levels if (lv["summary"]["all"]["slo_attainment"] or 0) >= min_attainment
-            and lv["summary"]["all"]["throughput_rps"] >= 0.9 * lv["summary"]["all"]["offered_rps"]]
+    good = [
+        lv
+        for lv in levels
+        if (lv["summary"]["all"]["slo_attainment"] or 0) >= min_attainment
+        and lv["summary"]["all"]["throughput_rps"] >= 0.9 * lv["summary"]["all"]["offered_rps"]
+    ]
     per_replica = max((lv["summary"]["all"]["goodput_rps"] for lv in good), default=None)
-    plan = {"per_replica_rps": per_replica, "min_attainment": min_attainment, "headroom": headroom,
-            "target_rps": target_rps, "replicas": None}
+    plan = {
+        "per_replica_rps": per_replica,
+        "min_attainment": min_attainment,
+        "headroom": headroom,
+        "target_rps": target_rps,
+        "replicas": None,
+    }
     if per_replica and target_rps:
         plan["replicas"] = max(1, math.ceil(target_rps * (1 + headroom) / per_replica))
     return plan

@@ -52,7 +52,15 @@ class RequestClass:
     @property
     def intent(self) -> str:
         """What this class's requests are meant to end in: complete | cancel | deadline | invalid."""
-        return "invalid" if self.invalid else "cancel" if self.cancel_after else "deadline" if self.deadline_s else "complete"
+        return (
+            "invalid"
+            if self.invalid
+            else "cancel"
+            if self.cancel_after
+            else "deadline"
+            if self.deadline_s
+            else "complete"
+        )
 
     def prompts(self, n: int, seed: int) -> list[str]:
         rng = random.Random(f"loadtest:{seed}:{self.name}")
@@ -124,8 +132,21 @@ def parse_workload(data: object, default_name: str = "workload") -> Workload:
     """Validate a workload's fields; every mistake is a WorkloadError naming the field."""
     if not isinstance(data, dict):
         raise WorkloadError("a workload is a mapping with at least `classes`")
-    known = {"name", "classes", "arrival", "sweep", "model", "route", "duration_s", "max_requests", "warmup_s",
-             "cooldown_s", "timeout_s", "seed", "extra_body"}
+    known = {
+        "name",
+        "classes",
+        "arrival",
+        "sweep",
+        "model",
+        "route",
+        "duration_s",
+        "max_requests",
+        "warmup_s",
+        "cooldown_s",
+        "timeout_s",
+        "seed",
+        "extra_body",
+    }
     _no_unknown(data, known, "the workload")
     classes = data.get("classes")
     if not isinstance(classes, list) or not classes:
@@ -139,15 +160,25 @@ def parse_workload(data: object, default_name: str = "workload") -> Workload:
     route = data.get("route", "/v1/chat/completions")
     if route not in ROUTES:
         raise WorkloadError(f"`route` must be one of {ROUTES}, got {route!r}")
-    workload = Workload(name=str(data.get("name", default_name)), classes=parsed, model=str(data.get("model", "demo")),
-                        route=route, arrival=_arrival(data.get("arrival", {})), sweep=_sweep(data.get("sweep", {})),
-                        extra_body=dict(data.get("extra_body") or {}),
-                        **{k: _number(data, k, float if k.endswith("_s") else int, minimum=0)
-                           for k in ("duration_s", "max_requests", "warmup_s", "cooldown_s", "timeout_s", "seed")
-                           if k in data})
+    workload = Workload(
+        name=str(data.get("name", default_name)),
+        classes=parsed,
+        model=str(data.get("model", "demo")),
+        route=route,
+        arrival=_arrival(data.get("arrival", {})),
+        sweep=_sweep(data.get("sweep", {})),
+        extra_body=dict(data.get("extra_body") or {}),
+        **{
+            k: _number(data, k, float if k.endswith("_s") else int, minimum=0)
+            for k in ("duration_s", "max_requests", "warmup_s", "cooldown_s", "timeout_s", "seed")
+            if k in data
+        },
+    )
     if workload.warmup_s + workload.cooldown_s >= workload.duration_s:
-        raise WorkloadError(f"warmup_s + cooldown_s ({workload.warmup_s + workload.cooldown_s:g}) must be shorter "
-                            f"than duration_s ({workload.duration_s:g}): nothing would be measured")
+        raise WorkloadError(
+            f"warmup_s + cooldown_s ({workload.warmup_s + workload.cooldown_s:g}) must be shorter "
+            f"than duration_s ({workload.duration_s:g}): nothing would be measured"
+        )
     return workload
 
 
@@ -155,8 +186,24 @@ def _request_class(data: object, index: int) -> RequestClass:
     where = f"classes[{index}]"
     if not isinstance(data, dict):
         raise WorkloadError(f"{where} must be a mapping with name, share, max_tokens and a prompt")
-    _no_unknown(data, {"name", "share", "max_tokens", "family", "words", "task", "text", "exact_tokens", "stream",
-                       "cancel_after", "deadline_s", "invalid"}, where)
+    _no_unknown(
+        data,
+        {
+            "name",
+            "share",
+            "max_tokens",
+            "family",
+            "words",
+            "task",
+            "text",
+            "exact_tokens",
+            "stream",
+            "cancel_after",
+            "deadline_s",
+            "invalid",
+        },
+        where,
+    )
     for required in ("name", "share", "max_tokens"):
         if required not in data:
             raise WorkloadError(f"{where} needs `{required}`")
@@ -169,19 +216,29 @@ def _request_class(data: object, index: int) -> RequestClass:
         raise WorkloadError(f"{where}.task must be one of {list(FAMILIES)}, got {task!r}")
     prompt_kinds = [k for k in ("family", "words", "text") if data.get(k)]
     if len(prompt_kinds) != 1:
-        raise WorkloadError(f"{where} needs exactly one prompt source of `family`, `words` or `text` "
-                            f"(has {prompt_kinds or 'none'})")
+        raise WorkloadError(
+            f"{where} needs exactly one prompt source of `family`, `words` or `text` (has {prompt_kinds or 'none'})"
+        )
     share = _number(data, "share", float, minimum=0, where=where)
     if share > 1:
         raise WorkloadError(f"{where}.share is a fraction of the traffic between 0 and 1, got {share}")
     optional = {"cancel_after": (int, 0), "deadline_s": (float, 0.0)}
     klass = RequestClass(
-        name=str(data["name"]), share=share, max_tokens=_number(data, "max_tokens", int, minimum=1, where=where),
-        family=family, words=_number(data, "words", int, minimum=0, where=where) if "words" in data else 0,
-        task=task, text=str(data.get("text", "")), exact_tokens=bool(data.get("exact_tokens", False)),
-        stream=bool(data.get("stream", True)), invalid=bool(data.get("invalid", False)),
-        **{k: _number(data, k, kind, minimum=0, where=where) if k in data else default
-           for k, (kind, default) in optional.items()})
+        name=str(data["name"]),
+        share=share,
+        max_tokens=_number(data, "max_tokens", int, minimum=1, where=where),
+        family=family,
+        words=_number(data, "words", int, minimum=0, where=where) if "words" in data else 0,
+        task=task,
+        text=str(data.get("text", "")),
+        exact_tokens=bool(data.get("exact_tokens", False)),
+        stream=bool(data.get("stream", True)),
+        invalid=bool(data.get("invalid", False)),
+        **{
+            k: _number(data, k, kind, minimum=0, where=where) if k in data else default
+            for k, (kind, default) in optional.items()
+        },
+    )
     if klass.cancel_after and not klass.stream:
         raise WorkloadError(f"{where}: cancel_after hangs up a stream mid-way; it needs stream: true")
     if sum(bool(x) for x in (klass.cancel_after, klass.deadline_s, klass.invalid)) > 1:
@@ -196,8 +253,11 @@ def _arrival(data: object) -> Arrival:
     process = data.get("process", "poisson")
     if process not in PROCESSES:
         raise WorkloadError(f"arrival.process must be one of {PROCESSES}, got {process!r}")
-    numbers = {k: _number(data, k, int if k == "users" else float, minimum=0, where="arrival")
-               for k in ("rate", "burstiness", "users", "think_s") if k in data}
+    numbers = {
+        k: _number(data, k, int if k == "users" else float, minimum=0, where="arrival")
+        for k in ("rate", "burstiness", "users", "think_s")
+        if k in data
+    }
     arrival = Arrival(process=process, **numbers)
     if process != "closed" and arrival.rate <= 0 or process == "closed" and arrival.users < 1:
         raise WorkloadError("an open-loop arrival needs rate > 0, a closed loop users >= 1")
@@ -213,8 +273,11 @@ def _sweep(data: object) -> Sweep:
     rates = data.get("rates", ())
     if not isinstance(rates, (list, tuple)) or any(not isinstance(r, (int, float)) or r <= 0 for r in rates):
         raise WorkloadError("sweep.rates must be a list of positive request rates")
-    numbers = {k: _number(data, k, int if k == "max_levels" else float, minimum=0, where="sweep")
-               for k in ("start", "factor", "max_levels", "duration_s") if k in data}
+    numbers = {
+        k: _number(data, k, int if k == "max_levels" else float, minimum=0, where="sweep")
+        for k in ("start", "factor", "max_levels", "duration_s")
+        if k in data
+    }
     sweep = Sweep(rates=tuple(float(r) for r in rates), **numbers)
     if sweep.factor <= 1 or sweep.start <= 0 or sweep.max_levels < 2:
         raise WorkloadError("sweep needs start > 0, factor > 1 and max_levels >= 2")

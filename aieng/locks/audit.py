@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import sys
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,17 +53,28 @@ def audit(pins: dict[str, str], facts: dict[str, tuple[str, list[dict]]]) -> lis
         latest, advisories = facts[name]
         public = version.split("+", 1)[0]  # a local build (torch 2.13.0+cpu) is the release it was built from
         if public != latest:
-            findings.append(Finding(name, version, f"{name}=={version}",
-                                    f"not auditable against this registry: pinned {version}, latest {latest}"))
+            findings.append(
+                Finding(
+                    name,
+                    version,
+                    f"{name}=={version}",
+                    f"not auditable against this registry: pinned {version}, latest {latest}",
+                )
+            )
             continue
         for advisory in advisories:
             if advisory.get("withdrawn"):
                 continue
             aliases = ", ".join(advisory.get("aliases") or [])
             fixed = ", ".join(advisory.get("fixed_in") or []) or "no fixed release"
-            findings.append(Finding(name, version, advisory["id"],
-                                    f"{advisory['id']} ({aliases}) fixed in {fixed}: {advisory.get('summary') or ''}"
-                                    .strip()))
+            findings.append(
+                Finding(
+                    name,
+                    version,
+                    advisory["id"],
+                    f"{advisory['id']} ({aliases}) fixed in {fixed}: {advisory.get('summary') or ''}".strip(),
+                )
+            )
     return findings
 
 
@@ -85,8 +95,12 @@ def load_allowlist(path: Path) -> dict[str, str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m aieng.locks.audit", description=__doc__.splitlines()[0])
     parser.add_argument("lock", nargs="+", type=Path, help="lock files (locks/*.lock)")
-    parser.add_argument("--allow", type=Path, default=Path("security/audit-allowlist.toml"),
-                        help="allow-list: [[allow]] id = ADVISORY or NAME==VERSION, why = ...")
+    parser.add_argument(
+        "--allow",
+        type=Path,
+        default=Path("security/audit-allowlist.toml"),
+        help="allow-list: [[allow]] id = ADVISORY or NAME==VERSION, why = ...",
+    )
     parser.add_argument("--registry", default=REGISTRY, help="the registry's JSON API root")
     args = parser.parse_args(argv)
     pins: dict[str, str] = {}
@@ -99,7 +113,9 @@ def main(argv: list[str] | None = None) -> int:
     blocking = [f for f in findings if f.key not in allowed]
     for f in findings:
         mark = "allowed" if f.key in allowed else "FAIL"
-        print(f"{mark:8} {f.package}=={f.version}: {f.detail}" + (f" [why: {allowed[f.key]}]" if f.key in allowed else ""))
+        print(
+            f"{mark:8} {f.package}=={f.version}: {f.detail}" + (f" [why: {allowed[f.key]}]" if f.key in allowed else "")
+        )
     for key in sorted(set(allowed) - {f.key for f in findings}):
         print(f"stale    {key}: allowed in {args.allow} but no longer found; remove the entry")
     print(f"audited {len(pins)} pins against {args.registry}: {len(findings)} finding(s), {len(blocking)} not allowed")

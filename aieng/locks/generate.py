@@ -46,8 +46,10 @@ def split(locks: Path) -> None:
         kept = [b for b in blocks if b.name not in ("torch", "pip")]
         (locks / name).write_text(render_lock(header, kept))
     if torch is None or not torch.version.endswith("+cpu"):
-        raise SystemExit(f"expected torch's CPU build (VERSION+cpu) in the locks, got {torch and torch.version}: "
-                         "run `make lock` where PyTorch's CPU index (or a wheel folder with its file) is reachable")
+        raise SystemExit(
+            f"expected torch's CPU build (VERSION+cpu) in the locks, got {torch and torch.version}: "
+            "run `make lock` where PyTorch's CPU index (or a wheel folder with its file) is reachable"
+        )
     if pip is None:
         raise SystemExit("dev.lock pins no pip (pip-tools requires it; pip-compile needs --allow-unsafe)")
     torch.comments = ["    # from PyTorch's CPU wheel index (scripts/install-deps.sh passes --index-url)"]
@@ -65,8 +67,11 @@ def registry(locks: Path) -> None:
     path = locks / "torch-registry.lock"
     _, blocks = parse_lock(path.read_text())
     main = read_lock(locks / "server.lock")
-    clashes = [f"{b.name}: {b.version} here, {main[b.name]} in server.lock" for b in blocks
-               if b.name in main and b.version != main[b.name]]
+    clashes = [
+        f"{b.name}: {b.version} here, {main[b.name]} in server.lock"
+        for b in blocks
+        if b.name in main and b.version != main[b.name]
+    ]
     if clashes:
         raise SystemExit("the registry's torch needs other versions of shared packages: " + "; ".join(clashes))
     kept: list[Block] = []

@@ -28,8 +28,9 @@ class Block:
     def render(self) -> str:
         marker = f" ; {self.marker}" if self.marker else ""
         lines = [f"{self.name}=={self.version}{marker}" + (" \\" if self.hashes else "")]
-        lines += [f"    --hash=sha256:{h}" + (" \\" if i < len(self.hashes) - 1 else "")
-                  for i, h in enumerate(self.hashes)]
+        lines += [
+            f"    --hash=sha256:{h}" + (" \\" if i < len(self.hashes) - 1 else "") for i, h in enumerate(self.hashes)
+        ]
         return "\n".join(lines + self.comments)
 
 

@@ -92,9 +92,13 @@ def check_block(block: Block, page: dict, lock: str) -> Problem | None:
         return Problem(lock, block.name, block.version, "the registry serves no file of this version for this platform")
     digest = chosen.get("hashes", {}).get("sha256")
     if digest not in block.hashes:
-        return Problem(lock, block.name, block.version,
-                       f"the registry serves {chosen['filename']} (sha256 {digest}), which the lock does not "
-                       "list: pip --require-hashes would refuse it; run `make lock`")
+        return Problem(
+            lock,
+            block.name,
+            block.version,
+            f"the registry serves {chosen['filename']} (sha256 {digest}), which the lock does not "
+            "list: pip --require-hashes would refuse it; run `make lock`",
+        )
     return None
 
 
@@ -106,6 +110,7 @@ def check_locks(locks: list[Path], registry: str = REGISTRY) -> tuple[int, list[
             if block.marker is None or Marker(block.marker).evaluate():
                 todo.append((lock.name, block))
     with httpx.Client(timeout=60, headers={"Accept": _JSON}, follow_redirects=True) as client:
+
         def check(item):
             lock, block = item
             problem = None

@@ -76,6 +76,8 @@ def triage_thresholds(path: str | Path | None = None) -> TriageThresholds:
     found = alert_thresholds(path)
     missing = [alert for alert in TRIAGE_ALERTS.values() if alert not in found]
     if missing:
-        raise ConfigError(f"{Path(path) if path else DEFAULT_RULES} has no single-threshold rule for "
-                          f"{', '.join(missing)}; the triage runbook needs them")
+        raise ConfigError(
+            f"{Path(path) if path else DEFAULT_RULES} has no single-threshold rule for "
+            f"{', '.join(missing)}; the triage runbook needs them"
+        )
     return TriageThresholds(**{f.name: found[TRIAGE_ALERTS[f.name]] for f in fields(TriageThresholds)})

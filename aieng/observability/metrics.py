@@ -31,15 +31,26 @@ MODEL_LOAD_ERRORS = Counter(
 # One sample per live worker (``pid`` label): after a hot swap every worker must show the new
 # version with 1 (the old one with 0), and ``aieng model promote --reload`` checks exactly that.
 MODEL_INFO = Gauge(
-    "aieng_model_info", "The model version each worker serves (1) or served before a hot swap (0).",
-    ["name", "version", "sha256"], multiprocess_mode="liveall",
+    "aieng_model_info",
+    "The model version each worker serves (1) or served before a hot swap (0).",
+    ["name", "version", "sha256"],
+    multiprocess_mode="liveall",
 )
-CANARY_WEIGHT = Gauge("aieng_canary_weight", "Share of unpinned requests a worker sends to the canary version.",
-                      ["version"], multiprocess_mode="liveall")
-CANARY_LOADED = Gauge("aieng_canary_loaded", "1 while a worker holds this canary version loaded, at any weight (0 too).",
-                      ["version"], multiprocess_mode="liveall")
-MODEL_SWAPS = Counter("aieng_model_swaps_total", "Hot swaps of the served version, by outcome (ok, failed).",
-                      ["outcome"])
+CANARY_WEIGHT = Gauge(
+    "aieng_canary_weight",
+    "Share of unpinned requests a worker sends to the canary version.",
+    ["version"],
+    multiprocess_mode="liveall",
+)
+CANARY_LOADED = Gauge(
+    "aieng_canary_loaded",
+    "1 while a worker holds this canary version loaded, at any weight (0 too).",
+    ["version"],
+    multiprocess_mode="liveall",
+)
+MODEL_SWAPS = Counter(
+    "aieng_model_swaps_total", "Hot swaps of the served version, by outcome (ok, failed).", ["outcome"]
+)
 
 # -- HTTP ---------------------------------------------------------------------------------------
 # Request metrics carry the ``version`` that served the request, so versions live in one server
@@ -48,69 +59,114 @@ MODEL_SWAPS = Counter("aieng_model_swaps_total", "Hot swaps of the served versio
 # the worker's current one from the first byte, the one a generation route queued on after that.
 serving_version: contextvars.ContextVar[str] = contextvars.ContextVar("aieng_serving_version", default="")
 
-REQUESTS = Counter("aieng_requests_total", "HTTP requests by route, status code and serving version.",
-                   ["route", "code", "version"])
-REQUEST_DURATION = Histogram("aieng_request_duration_seconds", "End-to-end request latency, seconds.",
-                             ["route", "version"], buckets=LATENCY_BUCKETS)
+REQUESTS = Counter(
+    "aieng_requests_total", "HTTP requests by route, status code and serving version.", ["route", "code", "version"]
+)
+REQUEST_DURATION = Histogram(
+    "aieng_request_duration_seconds",
+    "End-to-end request latency, seconds.",
+    ["route", "version"],
+    buckets=LATENCY_BUCKETS,
+)
 
 # -- scheduler and engine -------------------------------------------------------------------------
-QUEUE_WAIT = Histogram("aieng_queue_wait_seconds", "Time from submission to joining the batch, seconds.",
-                       ["priority", "version"], buckets=LATENCY_BUCKETS)
-PREFILL_SECONDS = Histogram("aieng_prefill_seconds", "Duration of one prefill (a group of joiners), seconds.",
-                            buckets=LATENCY_BUCKETS)
-DECODE_STEP_SECONDS = Histogram("aieng_decode_step_seconds", "Duration of one decode step for the whole batch, seconds.",
-                                buckets=STEP_BUCKETS)
+QUEUE_WAIT = Histogram(
+    "aieng_queue_wait_seconds",
+    "Time from submission to joining the batch, seconds.",
+    ["priority", "version"],
+    buckets=LATENCY_BUCKETS,
+)
+PREFILL_SECONDS = Histogram(
+    "aieng_prefill_seconds", "Duration of one prefill (a group of joiners), seconds.", buckets=LATENCY_BUCKETS
+)
+DECODE_STEP_SECONDS = Histogram(
+    "aieng_decode_step_seconds", "Duration of one decode step for the whole batch, seconds.", buckets=STEP_BUCKETS
+)
 BATCH_SIZE = Histogram("aieng_batch_size", "Rows in the batch at each decode step.", buckets=BATCH_BUCKETS)
 REQUESTS_RUNNING = Gauge("aieng_requests_running", "Requests in the running batch.", multiprocess_mode="livesum")
 REQUESTS_WAITING = Gauge("aieng_requests_waiting", "Requests waiting to join the batch.", multiprocess_mode="livesum")
-TOKENS_PER_SECOND = Gauge("aieng_tokens_per_second", "Decode throughput over the last few seconds, tokens/s.",
-                          multiprocess_mode="livesum")
+TOKENS_PER_SECOND = Gauge(
+    "aieng_tokens_per_second", "Decode throughput over the last few seconds, tokens/s.", multiprocess_mode="livesum"
+)
 
 # -- requests (recorded on the event loop, closest to the client) --------------------------------
-TIME_TO_FIRST_TOKEN = Histogram("aieng_time_to_first_token_seconds",
-                                "Time from submission to the first generated token, seconds.",
-                                ["priority", "version"], buckets=LATENCY_BUCKETS)
-INTER_TOKEN_LATENCY = Histogram("aieng_inter_token_latency_seconds", "Time between consecutive tokens of a request.",
-                                ["version"], buckets=STEP_BUCKETS)
+TIME_TO_FIRST_TOKEN = Histogram(
+    "aieng_time_to_first_token_seconds",
+    "Time from submission to the first generated token, seconds.",
+    ["priority", "version"],
+    buckets=LATENCY_BUCKETS,
+)
+INTER_TOKEN_LATENCY = Histogram(
+    "aieng_inter_token_latency_seconds",
+    "Time between consecutive tokens of a request.",
+    ["version"],
+    buckets=STEP_BUCKETS,
+)
 PROMPT_TOKENS = Counter("aieng_prompt_tokens_total", "Prompt tokens of finished requests.", ["version"])
 GENERATION_TOKENS = Counter("aieng_generation_tokens_total", "Tokens generated.", ["version"])
-REQUEST_ERRORS = Counter("aieng_request_errors_total", "Requests that ended in an error, by error code.",
-                         ["code", "version"])
-REQUESTS_FINISHED = Counter("aieng_requests_finished_total", "Generations that finished, by finish reason.",
-                            ["finish_reason", "version"])
-EOS_EARLY = Counter("aieng_eos_early_total",
-                    "Generations that hit EOS within their first 10 tokens while max_tokens allowed more.", ["version"])
-OUTPUT_GUARD = Counter("aieng_output_guard_total",
-                       "Answers the output guard caught, by check (empty, repetition, json, blocklist, hook) and "
-                       "action (flag: passed on and marked; fallback: replaced).", ["check", "action"])
+REQUEST_ERRORS = Counter(
+    "aieng_request_errors_total", "Requests that ended in an error, by error code.", ["code", "version"]
+)
+REQUESTS_FINISHED = Counter(
+    "aieng_requests_finished_total", "Generations that finished, by finish reason.", ["finish_reason", "version"]
+)
+EOS_EARLY = Counter(
+    "aieng_eos_early_total",
+    "Generations that hit EOS within their first 10 tokens while max_tokens allowed more.",
+    ["version"],
+)
+OUTPUT_GUARD = Counter(
+    "aieng_output_guard_total",
+    "Answers the output guard caught, by check (empty, repetition, json, blocklist, hook) and "
+    "action (flag: passed on and marked; fallback: replaced).",
+    ["check", "action"],
+)
 
 # -- capacity and resources -----------------------------------------------------------------------
-OOM = Counter("aieng_oom_total", "Engine forwards that ran out of memory and were retried in halves, by phase.",
-              ["phase"])
-OOM_DEGRADED = Counter("aieng_oom_degraded_total",
-                       "Requests that ran out of memory alone and, with AIENG_OOM_DEGRADE=1, ended early with what "
-                       "they had generated (finish_reason length) instead of an error.", ["version"])
+OOM = Counter(
+    "aieng_oom_total", "Engine forwards that ran out of memory and were retried in halves, by phase.", ["phase"]
+)
+OOM_DEGRADED = Counter(
+    "aieng_oom_degraded_total",
+    "Requests that ran out of memory alone and, with AIENG_OOM_DEGRADE=1, ended early with what "
+    "they had generated (finish_reason length) instead of an error.",
+    ["version"],
+)
 QUEUE_CAPACITY = Gauge("aieng_queue_capacity", "max_queue of a worker.", multiprocess_mode="livesum")
-TOKENS_PER_SECOND_BASELINE = Gauge("aieng_tokens_per_second_baseline",
-                                   "Decode tokens/s from the manifest's performance_baseline (0 if none).",
-                                   multiprocess_mode="max")
-PROCESS_RESIDENT = Gauge("aieng_process_resident_memory_bytes", "Resident memory of each aieng process.",
-                         multiprocess_mode="livesum")
+TOKENS_PER_SECOND_BASELINE = Gauge(
+    "aieng_tokens_per_second_baseline",
+    "Decode tokens/s from the manifest's performance_baseline (0 if none).",
+    multiprocess_mode="max",
+)
+PROCESS_RESIDENT = Gauge(
+    "aieng_process_resident_memory_bytes", "Resident memory of each aieng process.", multiprocess_mode="livesum"
+)
 HOST_MEMORY_TOTAL = Gauge("aieng_host_memory_total_bytes", "Host memory.", multiprocess_mode="max")
 # The latest reading of any live process: "min" counted the master, which imports the metrics but
 # never takes a reading, and so reported 0 bytes available on a healthy host.
-HOST_MEMORY_AVAILABLE = Gauge("aieng_host_memory_available_bytes", "Host memory available to new allocations.",
-                              multiprocess_mode="livemostrecent")
+HOST_MEMORY_AVAILABLE = Gauge(
+    "aieng_host_memory_available_bytes", "Host memory available to new allocations.", multiprocess_mode="livemostrecent"
+)
 # Per GPU (device="cuda:N"), summed over the worker processes that use it; aieng.host.gpus reads them.
-CUDA_ALLOCATED = Gauge("aieng_cuda_memory_allocated_bytes", "CUDA memory held by tensors, per GPU.", ["device"],
-                       multiprocess_mode="livesum")
-CUDA_RESERVED = Gauge("aieng_cuda_memory_reserved_bytes",
-                      "CUDA memory reserved by the caching allocator, per GPU (reserved - allocated = fragmentation).",
-                      ["device"], multiprocess_mode="livesum")
+CUDA_ALLOCATED = Gauge(
+    "aieng_cuda_memory_allocated_bytes",
+    "CUDA memory held by tensors, per GPU.",
+    ["device"],
+    multiprocess_mode="livesum",
+)
+CUDA_RESERVED = Gauge(
+    "aieng_cuda_memory_reserved_bytes",
+    "CUDA memory reserved by the caching allocator, per GPU (reserved - allocated = fragmentation).",
+    ["device"],
+    multiprocess_mode="livesum",
+)
 CUDA_TOTAL = Gauge("aieng_cuda_memory_total_bytes", "Memory of each GPU.", ["device"], multiprocess_mode="livemax")
-GPU_UTILIZATION = Gauge("aieng_gpu_utilization_ratio",
-                        "Share of the last sample period a kernel ran on the GPU (NVML; absent without nvidia-ml-py).",
-                        ["device"], multiprocess_mode="livemax")
+GPU_UTILIZATION = Gauge(
+    "aieng_gpu_utilization_ratio",
+    "Share of the last sample period a kernel ran on the GPU (NVML; absent without nvidia-ml-py).",
+    ["device"],
+    multiprocess_mode="livemax",
+)
 
 EARLY_EOS_TOKENS = 10
 
@@ -168,8 +224,11 @@ def record_finished(event, *, max_tokens: int, version: str) -> None:
     GENERATION_TOKENS.labels(version=version).inc(event.completion_tokens)
     if getattr(event, "finish_cause", None) == "out_of_memory":  # the degraded mode's ending (engine/oom.py)
         OOM_DEGRADED.labels(version=version).inc()
-    if (getattr(event, "finish_cause", None) == "eos" and event.completion_tokens <= EARLY_EOS_TOKENS
-            and max_tokens > EARLY_EOS_TOKENS):
+    if (
+        getattr(event, "finish_cause", None) == "eos"
+        and event.completion_tokens <= EARLY_EOS_TOKENS
+        and max_tokens > EARLY_EOS_TOKENS
+    ):
         EOS_EARLY.labels(version=version).inc()
 
 

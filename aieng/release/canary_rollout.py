@@ -34,7 +34,6 @@ from aieng.release.sources import PrometheusMetrics, ServerMetrics, promql
 from aieng.store import ModelStore
 from aieng.store.canary_record import clear_canary, set_canary
 
-
 ACTOR = "aieng release canary"
 
 
@@ -53,18 +52,33 @@ def compare(canary: Window, stable: Window, thresholds: CanaryThresholds = Canar
     """Every rule the canary fails against stable in one check: ``[{rule, message}]``."""
     failures = []
     if canary.requests and 1 - canary.error_rate < thresholds.min_success_rate:
-        failures.append({"rule": "success_rate", "message": f"{1 - canary.error_rate:.1%} of {canary.requests} "
-                                                            f"requests succeeded (< {thresholds.min_success_rate:.0%})"})
+        failures.append(
+            {
+                "rule": "success_rate",
+                "message": f"{1 - canary.error_rate:.1%} of {canary.requests} "
+                f"requests succeeded (< {thresholds.min_success_rate:.0%})",
+            }
+        )
     if canary.requests >= thresholds.min_requests:
-        for rule, mine, theirs, limit in (("latency", canary.latency_p99_s, stable.latency_p99_s, thresholds.max_latency_ratio),
-                                          ("ttft", canary.ttft_p99_s, stable.ttft_p99_s, thresholds.max_ttft_ratio)):
+        for rule, mine, theirs, limit in (
+            ("latency", canary.latency_p99_s, stable.latency_p99_s, thresholds.max_latency_ratio),
+            ("ttft", canary.ttft_p99_s, stable.ttft_p99_s, thresholds.max_ttft_ratio),
+        ):
             if mine is not None and theirs and mine / theirs > limit and mine - theirs > thresholds.latency_slack_s:
-                failures.append({"rule": rule, "message": f"p99 {mine:.3f} s is {mine / theirs:.1f}x stable's "
-                                                          f"{theirs:.3f} s (limit {limit}x)"})
+                failures.append(
+                    {
+                        "rule": rule,
+                        "message": f"p99 {mine:.3f} s is {mine / theirs:.1f}x stable's {theirs:.3f} s (limit {limit}x)",
+                    }
+                )
         rise = canary.early_eos_rate - (stable.early_eos_rate if stable.requests else 0.0)
         if rise > thresholds.max_early_eos_rise:
-            failures.append({"rule": "early_eos", "message": f"early-EOS rate {canary.early_eos_rate:.1%} is "
-                                                             f"{rise:.1%} above stable's"})
+            failures.append(
+                {
+                    "rule": "early_eos",
+                    "message": f"early-EOS rate {canary.early_eos_rate:.1%} is {rise:.1%} above stable's",
+                }
+            )
     return failures
 
 
@@ -76,11 +90,23 @@ class CanaryResult:
     checks: list[dict] = field(default_factory=list)
 
 
-def run_canary(store: ModelStore, name: str, version: str, url: str, *, steps: list[int], interval_s: float,
-               max_failed_checks: int = 2, thresholds: CanaryThresholds = CanaryThresholds(),
-               gate: GateThresholds = GateThresholds(), probe: bool = True, token: str | None = None,
-               metrics: ServerMetrics | PrometheusMetrics | None = None,
-               log: Callable[[str], None] = print, sleep: Callable[[float], None] = time.sleep) -> CanaryResult:
+def run_canary(
+    store: ModelStore,
+    name: str,
+    version: str,
+    url: str,
+    *,
+    steps: list[int],
+    interval_s: float,
+    max_failed_checks: int = 2,
+    thresholds: CanaryThresholds = CanaryThresholds(),
+    gate: GateThresholds = GateThresholds(),
+    probe: bool = True,
+    token: str | None = None,
+    metrics: ServerMetrics | PrometheusMetrics | None = None,
+    log: Callable[[str], None] = print,
+    sleep: Callable[[float], None] = time.sleep,
+) -> CanaryResult:
     """``url`` is the server (the store's changes reach it through ``/admin/reload``); ``metrics``
     is where the checks read, the server's ``/metrics`` unless a Prometheus is given."""
     metrics = metrics or ServerMetrics(url)
@@ -89,8 +115,17 @@ def run_canary(store: ModelStore, name: str, version: str, url: str, *, steps: l
     decision = judge(store, name, version, stable, gate)
     if not decision.passed:
         reason = "; ".join(decision.messages)
-        store.record_event(name, {"action": "canary_refused", "from": stable, "to": version, "reason": reason,
-                                  "actor": ACTOR, "gate": {"decision": decision.to_dict()}})
+        store.record_event(
+            name,
+            {
+                "action": "canary_refused",
+                "from": stable,
+                "to": version,
+                "reason": reason,
+                "actor": ACTOR,
+                "gate": {"decision": decision.to_dict()},
+            },
+        )
         log(f"{tag} refused by the release gate: {reason}")
         return CanaryResult("refused", decision.rules_fired[0], reason)
     log(f"{tag} release gate passed against {stable}")
@@ -102,8 +137,18 @@ def run_canary(store: ModelStore, name: str, version: str, url: str, *, steps: l
         dropped = regressed(live, reference, thresholds.quality_margin, against="stable")
         log(f"{tag} shadow quality probe: canary {live}, stable {reference}")
         if dropped:
-            return _abort(store, name, version, url, token, "quality",
-                          f"quality: probe regressed: {'; '.join(dropped)}", checks, log, sleep)
+            return _abort(
+                store,
+                name,
+                version,
+                url,
+                token,
+                "quality",
+                f"quality: probe regressed: {'; '.join(dropped)}",
+                checks,
+                log,
+                sleep,
+            )
     log(f"{tag} checks read {metrics.describe()} every {interval_s:g} s; their questions as PromQL:")
     for who, v in (("canary", version), ("stable", stable)):
         for key, query in promql(v, interval_s, metrics.selector).items():
@@ -118,21 +163,41 @@ def run_canary(store: ModelStore, name: str, version: str, url: str, *, steps: l
             reference = theirs if theirs.requests >= thresholds.min_requests else reference or theirs
             failures = compare(mine, reference, thresholds)
             checks.append({"step": percent, "canary": _brief(mine), "stable": _brief(theirs), "failures": failures})
-            log(f"{tag} {percent:3d}%: canary {mine.requests} requests, stable {theirs.requests}: "
-                + ("ok" if not failures else "; ".join(f"{f['rule']}: {f['message']}" for f in failures)))
+            log(
+                f"{tag} {percent:3d}%: canary {mine.requests} requests, stable {theirs.requests}: "
+                + ("ok" if not failures else "; ".join(f"{f['rule']}: {f['message']}" for f in failures))
+            )
             if not failures:
                 break
             failed += 1
             if failed >= max_failed_checks:
-                return _abort(store, name, version, url, token, failures[0]["rule"],
-                              "; ".join(f"{f['rule']}: {f['message']}" for f in failures), checks, log, sleep)
-    promote(store, name, version, thresholds=gate, reason=f"canary passed {','.join(map(str, steps))}%",
-            actor=ACTOR)
+                return _abort(
+                    store,
+                    name,
+                    version,
+                    url,
+                    token,
+                    failures[0]["rule"],
+                    "; ".join(f"{f['rule']}: {f['message']}" for f in failures),
+                    checks,
+                    log,
+                    sleep,
+                )
+    promote(store, name, version, thresholds=gate, reason=f"canary passed {','.join(map(str, steps))}%", actor=ACTOR)
     clear_canary(store, name, reason="promoted")
     reload_server(url, version, token=token)  # every worker adopts the canary's engine as its stable one
     _converge(url, None, 0.0, token, sleep)
-    store.record_event(name, {"action": "canary_promoted", "from": stable, "to": version, "actor": ACTOR,
-                              "reason": f"every step passed ({len(checks)} checks)", "checks": checks})
+    store.record_event(
+        name,
+        {
+            "action": "canary_promoted",
+            "from": stable,
+            "to": version,
+            "actor": ACTOR,
+            "reason": f"every step passed ({len(checks)} checks)",
+            "checks": checks,
+        },
+    )
     log(f"{tag} promoted: {version} is current")
     return CanaryResult("promoted", None, "every step passed", checks)
 
@@ -141,8 +206,18 @@ def _abort(store, name, version, url, token, rule, reason, checks, log, sleep) -
     clear_canary(store, name, reason=f"canary aborted: {reason}")
     admin_reload(url, token)
     _converge(url, None, 0.0, token, sleep)
-    store.record_event(name, {"action": "canary_rolled_back", "from": version, "to": store.current(name),
-                              "rule": rule, "reason": reason, "actor": ACTOR, "checks": checks})
+    store.record_event(
+        name,
+        {
+            "action": "canary_rolled_back",
+            "from": version,
+            "to": store.current(name),
+            "rule": rule,
+            "reason": reason,
+            "actor": ACTOR,
+            "checks": checks,
+        },
+    )
     log(f"[canary {name}@{version}] rolled back: {reason}")
     return CanaryResult("rolled_back", rule, reason, checks)
 
@@ -154,8 +229,9 @@ def _converge(url: str, version: str | None, weight: float, token: str | None, s
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         seen, workers = worker_canaries(url), set(worker_versions(url))
-        if (version is None and not seen) or (workers and set(seen) >= workers
-                                               and all(v == (version, weight) for v in seen.values())):
+        if (version is None and not seen) or (
+            workers and set(seen) >= workers and all(v == (version, weight) for v in seen.values())
+        ):
             return
         sleep(0.25)
     raise TimeoutError(f"the workers did not converge on canary {version} at {weight:.0%}: {worker_canaries(url)}")

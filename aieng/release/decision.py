@@ -75,32 +75,55 @@ def decide(window: Window, baseline: dict | None, thresholds: RollbackThresholds
     if window.eval_regressed:
         return Decision(ROLLBACK, "eval_regression", "the quality probe of the serving version regressed")
     if window.errors >= t.min_errors and window.error_rate > t.max_error_rate:
-        return Decision(ROLLBACK, "error_rate", f"{window.errors} of {window.requests} requests failed "
-                                                f"({window.error_rate:.1%} > {t.max_error_rate:.1%})")
+        return Decision(
+            ROLLBACK,
+            "error_rate",
+            f"{window.errors} of {window.requests} requests failed ({window.error_rate:.1%} > {t.max_error_rate:.1%})",
+        )
     if window.requests < t.min_requests:
         if window.seconds >= t.window_s:
-            return Decision(HOLD, "insufficient_traffic", f"only {window.requests} requests in {window.seconds:.0f} s "
-                                                          f"(need {t.min_requests} to judge); keep watching")
+            return Decision(
+                HOLD,
+                "insufficient_traffic",
+                f"only {window.requests} requests in {window.seconds:.0f} s "
+                f"(need {t.min_requests} to judge); keep watching",
+            )
         return Decision(HOLD, "window_open", f"{window.requests} requests so far; judging from {t.min_requests}")
     baseline = baseline or {}
     # A model whose normal replies are short (the demo's) ends many of them "early": a baseline
     # that recorded its own rate raises the limit to twice that rate.
     eos_limit = max(t.max_early_eos_rate, 2 * baseline.get("early_eos_rate", 0.0))
     if window.early_eos_rate > eos_limit:
-        return Decision(ROLLBACK, "early_eos", f"{window.early_eos_rate:.1%} of replies ended early "
-                                               f"(> {eos_limit:.0%})")
-    for rule, live, key, limit in (("latency", window.latency_p99_s, "latency_p99_s", t.max_latency_ratio),
-                                   ("ttft", window.ttft_p99_s, "ttft_p99_s", t.max_ttft_ratio)):
+        return Decision(
+            ROLLBACK, "early_eos", f"{window.early_eos_rate:.1%} of replies ended early (> {eos_limit:.0%})"
+        )
+    for rule, live, key, limit in (
+        ("latency", window.latency_p99_s, "latency_p99_s", t.max_latency_ratio),
+        ("ttft", window.ttft_p99_s, "ttft_p99_s", t.max_ttft_ratio),
+    ):
         reference = baseline.get(key)
         if live is not None and reference and live > limit * reference:
             return Decision(ROLLBACK, rule, f"p99 {rule} {live:.3f} s > {limit:g} x baseline {reference:.3f} s")
     reference = baseline.get("tokens_per_s")
     saturated = window.mean_running >= 0.8 * baseline.get("concurrency", float("inf"))
-    if window.tokens_per_s is not None and reference and saturated \
-            and window.tokens_per_s < (1 - t.max_throughput_drop) * reference:
-        return Decision(ROLLBACK, "throughput", f"{window.tokens_per_s:.1f} tokens/s at {window.mean_running:.0f} "
-                                                f"streams < {1 - t.max_throughput_drop:.0%} of baseline {reference:.1f}")
+    if (
+        window.tokens_per_s is not None
+        and reference
+        and saturated
+        and window.tokens_per_s < (1 - t.max_throughput_drop) * reference
+    ):
+        return Decision(
+            ROLLBACK,
+            "throughput",
+            f"{window.tokens_per_s:.1f} tokens/s at {window.mean_running:.0f} "
+            f"streams < {1 - t.max_throughput_drop:.0%} of baseline {reference:.1f}",
+        )
     if window.seconds < t.window_s:
-        return Decision(HOLD, "window_open", f"healthy so far ({window.requests} requests, "
-                                             f"{window.seconds:.0f} of {t.window_s:.0f} s)")
-    return Decision(PROMOTE, "healthy", f"{window.requests} requests over {window.seconds:.0f} s within every threshold")
+        return Decision(
+            HOLD,
+            "window_open",
+            f"healthy so far ({window.requests} requests, {window.seconds:.0f} of {t.window_s:.0f} s)",
+        )
+    return Decision(
+        PROMOTE, "healthy", f"{window.requests} requests over {window.seconds:.0f} s within every threshold"
+    )

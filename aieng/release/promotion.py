@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from aieng.errors import GateRefusedError, StoreError
 from aieng.evaluation.gate import Evidence, GateDecision, GateThresholds, release_gate
 from aieng.store import ModelRef, ModelStore
-from aieng.store.store import default_actor, utc_now
+from aieng.store.stamps import default_actor, utc_now
 
 
 @dataclass
@@ -29,8 +29,9 @@ class Promotion:
         return not self.decision.passed
 
 
-def judge(store: ModelStore, name: str, version: str, current: str | None,
-          thresholds: GateThresholds = GateThresholds()) -> GateDecision:
+def judge(
+    store: ModelStore, name: str, version: str, current: str | None, thresholds: GateThresholds = GateThresholds()
+) -> GateDecision:
     """The gate's decision on ``name@version`` against ``current`` (None: no comparison).
 
     A candidate with no recorded evaluation gets a failing decision (rule ``eval``) rather than
@@ -46,22 +47,39 @@ def judge(store: ModelStore, name: str, version: str, current: str | None,
         return GateDecision(passed=False, failures=[{"rule": "eval", "message": str(exc)}])
 
 
-def promote(store: ModelStore, name: str, version: str, *, thresholds: GateThresholds = GateThresholds(),
-            force: bool = False, reason: str | None = None, actor: str | None = None) -> Promotion:
+def promote(
+    store: ModelStore,
+    name: str,
+    version: str,
+    *,
+    thresholds: GateThresholds = GateThresholds(),
+    force: bool = False,
+    reason: str | None = None,
+    actor: str | None = None,
+) -> Promotion:
     """Verify, gate and promote ``name@version``; raise ``GateRefusedError`` naming every rule
     that fired unless ``force`` (which needs a ``reason``: an override nobody can explain later
     is not an override but an accident)."""
     if force and not (reason or "").strip():
-        raise StoreError("--force overrides the release gate and needs --reason \"...\" saying why; "
-                         "it is recorded with your name in the manifest and history.jsonl")
+        raise StoreError(
+            '--force overrides the release gate and needs --reason "..." saying why; '
+            "it is recorded with your name in the manifest and history.jsonl"
+        )
     actor = actor or default_actor()
     outcome: dict = {}
 
     def check(current: str | None) -> dict:
         decision = judge(store, name, version, current, thresholds)
         outcome["decision"] = decision
-        record = {"decision": decision.to_dict(), "thresholds": thresholds.to_dict(), "against": current,
-                  "forced": force and not decision.passed, "reason": reason, "actor": actor, "at": utc_now()}
+        record = {
+            "decision": decision.to_dict(),
+            "thresholds": thresholds.to_dict(),
+            "against": current,
+            "forced": force and not decision.passed,
+            "reason": reason,
+            "actor": actor,
+            "at": utc_now(),
+        }
         if not decision.passed and not force:
             raise GateRefusedError(refusal_message(name, version, decision), decision=decision)
         return record
@@ -69,15 +87,25 @@ def promote(store: ModelStore, name: str, version: str, *, thresholds: GateThres
     try:
         event = store.promote(name, version, reason=reason or "promote", actor=actor, check=check)
     except GateRefusedError as exc:
-        store.record_event(name, {"action": "gate_refused", "from": store.current(name), "to": version,
-                                  "reason": reason or "promote", "actor": actor,
-                                  "gate": {"decision": exc.decision.to_dict(), "thresholds": thresholds.to_dict()}})
+        store.record_event(
+            name,
+            {
+                "action": "gate_refused",
+                "from": store.current(name),
+                "to": version,
+                "reason": reason or "promote",
+                "actor": actor,
+                "gate": {"decision": exc.decision.to_dict(), "thresholds": thresholds.to_dict()},
+            },
+        )
         raise
     return Promotion(event, outcome["decision"])
 
 
 def refusal_message(name: str, version: str, decision: GateDecision) -> str:
-    return (f"the release gate refused {name}@{version} (rules: {', '.join(decision.rules_fired)}): "
-            + "; ".join(decision.messages)
-            + f". It stays a candidate and `current` is unchanged. Fix and re-evaluate it, or override with "
-              f"`aieng model promote {name} {version} --force --reason \"...\"`")
+    return (
+        f"the release gate refused {name}@{version} (rules: {', '.join(decision.rules_fired)}): "
+        + "; ".join(decision.messages)
+        + f". It stays a candidate and `current` is unchanged. Fix and re-evaluate it, or override with "
+        f'`aieng model promote {name} {version} --force --reason "..."`'
+    )

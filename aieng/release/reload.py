@@ -18,23 +18,35 @@ from aieng.observability.scrape import scrape
 
 def worker_versions(base_url: str) -> dict[str, str]:
     """pid -> the version each live worker serves."""
-    return {dict(labels).get("pid", "-"): dict(labels)["version"]
-            for (name, labels), value in scrape(base_url).samples.items() if name == "aieng_model_info" and value == 1}
+    return {
+        dict(labels).get("pid", "-"): dict(labels)["version"]
+        for (name, labels), value in scrape(base_url).samples.items()
+        if name == "aieng_model_info" and value == 1
+    }
 
 
 def worker_canaries(base_url: str) -> dict[str, tuple[str, float]]:
     """pid -> (canary version, weight) of each live worker with a canary loaded (at weight 0 too:
     loaded for a shadow probe, answering only requests pinned to it)."""
     samples = scrape(base_url).samples
-    weights = {(dict(labels).get("pid", "-"), dict(labels)["version"]): value
-               for (name, labels), value in samples.items() if name == "aieng_canary_weight"}
-    return {pid: (version, weights.get((pid, version), 0.0))
-            for pid, version in ((dict(labels).get("pid", "-"), dict(labels)["version"])
-                                 for (name, labels), value in samples.items() if name == "aieng_canary_loaded" and value == 1)}
+    weights = {
+        (dict(labels).get("pid", "-"), dict(labels)["version"]): value
+        for (name, labels), value in samples.items()
+        if name == "aieng_canary_weight"
+    }
+    return {
+        pid: (version, weights.get((pid, version), 0.0))
+        for pid, version in (
+            (dict(labels).get("pid", "-"), dict(labels)["version"])
+            for (name, labels), value in samples.items()
+            if name == "aieng_canary_loaded" and value == 1
+        )
+    }
 
 
-def admin_reload(base_url: str, token: str | None = None, *, timeout_s: float = 600.0,
-                 version: str | None = None) -> dict:
+def admin_reload(
+    base_url: str, token: str | None = None, *, timeout_s: float = 600.0, version: str | None = None
+) -> dict:
     """``POST /admin/reload``: the worker that answers re-reads the store (current and canary) at
     once; the others follow within their poll. Returns its outcome; raises ReloadError."""
     token = token if token is not None else os.environ.get("AIENG_ADMIN_TOKEN", "")
@@ -42,24 +54,30 @@ def admin_reload(base_url: str, token: str | None = None, *, timeout_s: float = 
         raise ConfigError("reloading a server needs the server's admin token in AIENG_ADMIN_TOKEN")
     base_url = base_url.rstrip("/")
     try:
-        answer = httpx.post(f"{base_url}/admin/reload", headers={"Authorization": f"Bearer {token}"},
-                            timeout=timeout_s)
+        answer = httpx.post(f"{base_url}/admin/reload", headers={"Authorization": f"Bearer {token}"}, timeout=timeout_s)
     except httpx.HTTPError as exc:
-        raise ReloadError(f"could not reach {base_url}/admin/reload ({exc}); the store was switched, the server "
-                          "will follow within AIENG_RELOAD_POLL_S if it polls") from exc
+        raise ReloadError(
+            f"could not reach {base_url}/admin/reload ({exc}); the store was switched, the server "
+            "will follow within AIENG_RELOAD_POLL_S if it polls"
+        ) from exc
     if answer.status_code in (401, 403, 404):
-        raise ReloadError(f"{base_url}/admin/reload answered {answer.status_code}: the server needs "
-                          "AIENG_ADMIN_TOKEN set, and the same token here")
+        raise ReloadError(
+            f"{base_url}/admin/reload answered {answer.status_code}: the server needs "
+            "AIENG_ADMIN_TOKEN set, and the same token here"
+        )
     body = answer.json()
     if answer.status_code != 200:
-        raise ReloadError(f"the server refused {version or body.get('version')}: {body.get('error') or body}; it "
-                          f"keeps serving {body.get('previous')}. Roll the store back (`aieng model rollback`) so "
-                          "they agree")
+        raise ReloadError(
+            f"the server refused {version or body.get('version')}: {body.get('error') or body}; it "
+            f"keeps serving {body.get('previous')}. Roll the store back (`aieng model rollback`) so "
+            "they agree"
+        )
     return body
 
 
-def reload_server(base_url: str, version: str, *, token: str | None = None, timeout_s: float = 600.0,
-                  poll_s: float = 0.5) -> dict[str, str]:
+def reload_server(
+    base_url: str, version: str, *, token: str | None = None, timeout_s: float = 600.0, poll_s: float = 0.5
+) -> dict[str, str]:
     """Ask ``base_url`` to swap to ``version`` (the store's ``current``) and wait until every
     worker serves it. Returns pid -> version; raises ReloadError naming what went wrong."""
     admin_reload(base_url, token, timeout_s=timeout_s, version=version)
@@ -70,6 +88,8 @@ def reload_server(base_url: str, version: str, *, token: str | None = None, time
         if versions and set(versions.values()) == {version}:
             return versions
         if time.monotonic() > deadline:
-            raise ReloadError(f"not every worker serves {version} after {timeout_s:.0f} s: {versions}; "
-                              "see /health/ready's `swap` field and the server log")
+            raise ReloadError(
+                f"not every worker serves {version} after {timeout_s:.0f} s: {versions}; "
+                "see /health/ready's `swap` field and the server log"
+            )
         time.sleep(poll_s)

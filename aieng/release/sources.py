@@ -36,12 +36,14 @@ def promql(version: str, seconds: float, selector: str = "") -> dict[str, str]:
     def p99(histogram: str) -> str:
         return f"histogram_quantile(0.99, sum by (le) (increase({histogram}_bucket{{{labels}}}{span})))"
 
-    return {"requests": f"sum(increase(aieng_requests_total{{{routes},{labels}}}{span}))",
-            "errors": f'sum(increase(aieng_requests_total{{{routes},code=~"5..",{labels}}}{span}))',
-            "early_eos": f"sum(increase(aieng_eos_early_total{{{labels}}}{span}))",
-            "tokens": f"sum(increase(aieng_generation_tokens_total{{{labels}}}{span}))",
-            "latency_p99_s": p99("aieng_request_duration_seconds"),
-            "ttft_p99_s": p99("aieng_time_to_first_token_seconds")}
+    return {
+        "requests": f"sum(increase(aieng_requests_total{{{routes},{labels}}}{span}))",
+        "errors": f'sum(increase(aieng_requests_total{{{routes},code=~"5..",{labels}}}{span}))',
+        "early_eos": f"sum(increase(aieng_eos_early_total{{{labels}}}{span}))",
+        "tokens": f"sum(increase(aieng_generation_tokens_total{{{labels}}}{span}))",
+        "latency_p99_s": p99("aieng_request_duration_seconds"),
+        "ttft_p99_s": p99("aieng_time_to_first_token_seconds"),
+    }
 
 
 @dataclass
@@ -81,11 +83,15 @@ class PrometheusMetrics:
         """``version``'s requests in the ``seconds`` before ``at`` (default: now), as Prometheus has them."""
         values = {key: self.query(q, at) for key, q in promql(version, seconds, self.selector).items()}
         requests = round(values["requests"] or 0.0)
-        return Window(seconds=seconds, requests=requests, errors=round(values["errors"] or 0.0),
-                      early_eos=round(values["early_eos"] or 0.0),
-                      latency_p99_s=values["latency_p99_s"] if requests else None,
-                      ttft_p99_s=values["ttft_p99_s"] if requests else None,
-                      tokens_per_s=(values["tokens"] or 0.0) / seconds if seconds > 0 else None)
+        return Window(
+            seconds=seconds,
+            requests=requests,
+            errors=round(values["errors"] or 0.0),
+            early_eos=round(values["early_eos"] or 0.0),
+            latency_p99_s=values["latency_p99_s"] if requests else None,
+            ttft_p99_s=values["ttft_p99_s"] if requests else None,
+            tokens_per_s=(values["tokens"] or 0.0) / seconds if seconds > 0 else None,
+        )
 
     def query(self, expression: str, at: float | None = None) -> float | None:
         """One instant query's scalar: ``None`` when the result is empty or NaN (nothing observed)."""

@@ -31,16 +31,26 @@ def generation_requests(snapshot: Snapshot, version: str | None = None) -> tuple
     requests = errors = 0.0
     for (name, labels), value in snapshot.samples.items():
         items = dict(labels)
-        if name != "aieng_requests_total" or items.get("route") not in GENERATION_ROUTES or (
-                version is not None and items.get("version") != version):
+        if (
+            name != "aieng_requests_total"
+            or items.get("route") not in GENERATION_ROUTES
+            or (version is not None and items.get("version") != version)
+        ):
             continue
         requests += value
         errors += value if items.get("code", "").startswith("5") else 0.0
     return requests, errors
 
 
-def window_between(before: Snapshot, after: Snapshot, seconds: float, running: list[float],
-                   *, eval_regressed: bool = False, version: str | None = None) -> Window:
+def window_between(
+    before: Snapshot,
+    after: Snapshot,
+    seconds: float,
+    running: list[float],
+    *,
+    eval_regressed: bool = False,
+    version: str | None = None,
+) -> Window:
     """The server's work between two scrapes, as the decision reads it; with ``version``, only the
     requests that version served (the request metrics carry it), so what the old version finishes
     after a swap, or what a neighbour version serves, is not judged against this one."""
@@ -53,12 +63,17 @@ def window_between(before: Snapshot, after: Snapshot, seconds: float, running: l
         value = d.quantile(histogram, 0.99, **only)
         return None if value != value else value  # NaN: nothing observed
 
-    return Window(seconds=seconds, requests=int(requests), errors=int(errors),
-                  early_eos=int(d.value("aieng_eos_early_total", **only)),
-                  latency_p99_s=p99("aieng_request_duration_seconds") if finished else None,
-                  ttft_p99_s=p99("aieng_time_to_first_token_seconds") if finished else None,
-                  tokens_per_s=d.value("aieng_generation_tokens_total", **only) / seconds if seconds > 0 else None,
-                  mean_running=sum(running) / len(running) if running else 0.0, eval_regressed=eval_regressed)
+    return Window(
+        seconds=seconds,
+        requests=int(requests),
+        errors=int(errors),
+        early_eos=int(d.value("aieng_eos_early_total", **only)),
+        latency_p99_s=p99("aieng_request_duration_seconds") if finished else None,
+        ttft_p99_s=p99("aieng_time_to_first_token_seconds") if finished else None,
+        tokens_per_s=d.value("aieng_generation_tokens_total", **only) / seconds if seconds > 0 else None,
+        mean_running=sum(running) / len(running) if running else 0.0,
+        eval_regressed=eval_regressed,
+    )
 
 
 @dataclass
@@ -69,9 +84,19 @@ class WatchResult:
     checks: list[dict] = field(default_factory=list)  # one per interval: seconds, requests, action, rule
 
 
-def watch(store: ModelStore, name: str, url: str, *, thresholds: RollbackThresholds = RollbackThresholds(),
-          interval_s: float = 5.0, max_wait_s: float | None = None, reload: Callable[[str, str], object] | None = None,
-          probe: bool = True, log: Callable[[str], None] = print, sleep: Callable[[float], None] = time.sleep) -> WatchResult:
+def watch(
+    store: ModelStore,
+    name: str,
+    url: str,
+    *,
+    thresholds: RollbackThresholds = RollbackThresholds(),
+    interval_s: float = 5.0,
+    max_wait_s: float | None = None,
+    reload: Callable[[str, str], object] | None = None,
+    probe: bool = True,
+    log: Callable[[str], None] = print,
+    sleep: Callable[[float], None] = time.sleep,
+) -> WatchResult:
     """Watch ``name``'s current version on the server at ``url`` and act on the decision.
 
     ``probe``: first ask the server a few held-out prompts per family (``probe.quality_probe``)
@@ -92,32 +117,66 @@ def watch(store: ModelStore, name: str, url: str, *, thresholds: RollbackThresho
     if probe:
         live = quality_probe(url, name)
         quality_drop = regressed(live, _reference_accuracy(store, name, version))
-        log(f"[watch {name}@{version}] quality probe: {live}" + (f"; regressed: {quality_drop}" if quality_drop else ""))
+        log(
+            f"[watch {name}@{version}] quality probe: {live}" + (f"; regressed: {quality_drop}" if quality_drop else "")
+        )
     while True:
         sleep(interval_s)
         now = scrape(url)
         running.append(now.value("aieng_requests_running"))
-        window = window_between(first, now, time.monotonic() - start, running, eval_regressed=bool(quality_drop),
-                                version=version)
+        window = window_between(
+            first, now, time.monotonic() - start, running, eval_regressed=bool(quality_drop), version=version
+        )
         decision = decide(window, baseline, thresholds)
-        checks.append({"seconds": round(window.seconds, 1), "requests": window.requests, "errors": window.errors,
-                       "action": decision.action, "rule": decision.rule})
-        log(f"[watch {name}@{version}] {window.seconds:5.0f} s  {window.requests:5d} requests  "
-            f"{window.errors} errors  -> {decision.action} ({decision.rule}): {decision.reason}")
+        checks.append(
+            {
+                "seconds": round(window.seconds, 1),
+                "requests": window.requests,
+                "errors": window.errors,
+                "action": decision.action,
+                "rule": decision.rule,
+            }
+        )
+        log(
+            f"[watch {name}@{version}] {window.seconds:5.0f} s  {window.requests:5d} requests  "
+            f"{window.errors} errors  -> {decision.action} ({decision.rule}): {decision.reason}"
+        )
         if decision.action == ROLLBACK:
             why = decision.reason + (f" ({'; '.join(quality_drop)})" if decision.rule == "eval_regression" else "")
             event = store.rollback(name, reason=f"watchdog: {decision.rule}: {why}", actor="aieng release watch")
             reload(url, event["to"])
-            store.record_event(name, {"action": "watch_rollback", "from": version, "to": event["to"],
-                                      "reason": decision.reason, "actor": "aieng release watch",
-                                      "decision": decision.to_dict(), "checks": checks})
+            store.record_event(
+                name,
+                {
+                    "action": "watch_rollback",
+                    "from": version,
+                    "to": event["to"],
+                    "reason": decision.reason,
+                    "actor": "aieng release watch",
+                    "decision": decision.to_dict(),
+                    "checks": checks,
+                },
+            )
             return WatchResult(decision, version, event["to"], checks)
         if decision.action == PROMOTE or window.seconds >= max_wait_s:
-            store.record_event(name, {"action": "watch_confirmed" if decision.action == PROMOTE else "watch_undecided",
-                                      "from": version, "to": version, "reason": decision.reason,
-                                      "actor": "aieng release watch", "decision": decision.to_dict(), "checks": checks})
-            return WatchResult(decision if decision.action == PROMOTE else Decision(HOLD, decision.rule, decision.reason),
-                               version, None, checks)
+            store.record_event(
+                name,
+                {
+                    "action": "watch_confirmed" if decision.action == PROMOTE else "watch_undecided",
+                    "from": version,
+                    "to": version,
+                    "reason": decision.reason,
+                    "actor": "aieng release watch",
+                    "decision": decision.to_dict(),
+                    "checks": checks,
+                },
+            )
+            return WatchResult(
+                decision if decision.action == PROMOTE else Decision(HOLD, decision.rule, decision.reason),
+                version,
+                None,
+                checks,
+            )
 
 
 def _previous(store: ModelStore, name: str, version: str) -> str | None:

@@ -14,5 +14,15 @@ from aieng.scheduler.policy import PRIORITIES, QueuedRequest, SchedulerConfig, W
 from aieng.scheduler.scheduler import OverloadedError, RequestTimeoutError, Scheduler, SchedulerOutput
 from aieng.scheduler.stats import RequestStats
 
-__all__ = ["EngineLoop", "OverloadedError", "PRIORITIES", "QueuedRequest", "RequestStats", "RequestTimeoutError",
-           "Scheduler", "SchedulerConfig", "SchedulerOutput", "WaitingQueue"]
+__all__ = [
+    "EngineLoop",
+    "OverloadedError",
+    "PRIORITIES",
+    "QueuedRequest",
+    "RequestStats",
+    "RequestTimeoutError",
+    "Scheduler",
+    "SchedulerConfig",
+    "SchedulerOutput",
+    "WaitingQueue",
+]

@@ -32,8 +32,12 @@ class EngineLoop:
         self.engine = engine
         self.step_history = StepHistory()  # (time, running, waiting) after every step: notebook 05 plots it
         kwargs = {"clock": clock} if clock is not None else {}
-        self.scheduler = Scheduler(config, observers=[*observers, self.step_history],
-                                   capacity=lambda: getattr(engine, "max_rows", None), **kwargs)
+        self.scheduler = Scheduler(
+            config,
+            observers=[*observers, self.step_history],
+            capacity=lambda: getattr(engine, "max_rows", None),
+            **kwargs,
+        )
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._calls: list[tuple[Callable, Future]] = []  # run on this thread between two steps
@@ -71,17 +75,20 @@ class EngineLoop:
         """What the running step is doing, for the log line of a step that does not end."""
         plan = self._plan
         joiners = plan.requests if plan is not None else []
-        return {"running_rows": len(self.scheduler.running), "joining_rows": len(joiners),
-                "joining_prompt_tokens": sum(len(r.prompt_ids) for r in joiners),
-                "leaving_rows": len(plan.leaving) if plan is not None else 0,
-                "waiting": self.scheduler.num_waiting}
+        return {
+            "running_rows": len(self.scheduler.running),
+            "joining_rows": len(joiners),
+            "joining_prompt_tokens": sum(len(r.prompt_ids) for r in joiners),
+            "leaving_rows": len(plan.leaving) if plan is not None else 0,
+            "waiting": self.scheduler.num_waiting,
+        }
 
     @property
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
     # -- lifecycle -----------------------------------------------------------------------------
-    def start(self) -> "EngineLoop":
+    def start(self) -> EngineLoop:
         self._thread = threading.Thread(target=self._run, name="aieng-engine", daemon=True)
         self._thread.start()
         return self
@@ -111,7 +118,8 @@ class EngineLoop:
             except Exception:  # a bug must not kill the thread: fail what was in flight, keep serving
                 log.exception("engine step failed; failing the requests in flight")
                 leaving, deliveries = scheduler.fail_running(
-                    AiengError("internal error in the generation engine; the server log has it"))
+                    AiengError("internal error in the generation engine; the server log has it")
+                )
                 self.engine.remove(leaving)
                 self._deliver(deliveries)
             finally:

@@ -13,8 +13,9 @@ from aieng.engine.params import SamplingParams
 from aieng.scheduler.policy import QueuedRequest, SchedulerConfig, WaitingQueue
 
 
-def padding_waste(prompt_lengths: list[int], config: SchedulerConfig, *, bucketed: bool = True,
-                  free_slots: int | None = None) -> dict:
+def padding_waste(
+    prompt_lengths: list[int], config: SchedulerConfig, *, bucketed: bool = True, free_slots: int | None = None
+) -> dict:
     if not bucketed:
         config = replace(config, bucket_edges=(max(prompt_lengths) + 1,))
     queue = WaitingQueue(replace(config, max_queue=len(prompt_lengths) + 1))
@@ -27,5 +28,9 @@ def padding_waste(prompt_lengths: list[int], config: SchedulerConfig, *, buckete
         groups.append(lengths)
         real += sum(lengths)
         padded += max(lengths) * len(lengths)
-    return {"groups": len(groups), "real_tokens": real, "padded_tokens": padded,
-            "waste": 1 - real / padded if padded else 0.0}
+    return {
+        "groups": len(groups),
+        "real_tokens": real,
+        "padded_tokens": padded,
+        "waste": 1 - real / padded if padded else 0.0,
+    }

@@ -70,8 +70,14 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig = SchedulerConfig(), *, clock: Callable[[], float] = time.monotonic,
-                 observers: Sequence = (), capacity: Callable[[], int | None] | None = None):
+    def __init__(
+        self,
+        config: SchedulerConfig = SchedulerConfig(),
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        observers: Sequence = (),
+        capacity: Callable[[], int | None] | None = None,
+    ):
         """``capacity``: the rows the engine holds now, when that can fall below
         ``max_batch_size`` (during a hot swap the two versions share one KV cache)."""
         self.config = config
@@ -88,8 +94,14 @@ class Scheduler:
         self._first_admitted: float | None = None
 
     # -- from the event loop -------------------------------------------------------------------
-    def submit(self, request: GenerationRequest, sink: Callable[[TokenEvent], None], *,
-               priority: str = "interactive", timeout: float | None = None) -> QueuedRequest:
+    def submit(
+        self,
+        request: GenerationRequest,
+        sink: Callable[[TokenEvent], None],
+        *,
+        priority: str = "interactive",
+        timeout: float | None = None,
+    ) -> QueuedRequest:
         """Queue a validated request; its events go to ``sink``. Raises OverloadedError (429)."""
         now = self.clock()
         timeout = self.config.default_timeout_s if timeout is None else timeout
@@ -167,8 +179,14 @@ class Scheduler:
         for request_id in leaving:
             del self.running[request_id]
         for q in expired + late:
-            log.warning("request passed its deadline", extra={"event": "request_timeout", "trace_id": q.request.trace_id,
-                                                              "waited_s": round(now - q.arrival, 3)})
+            log.warning(
+                "request passed its deadline",
+                extra={
+                    "event": "request_timeout",
+                    "trace_id": q.request.trace_id,
+                    "waited_s": round(now - q.arrival, 3),
+                },
+            )
         if joiners and self._first_admitted is None:
             self._first_admitted = now
         for q in joiners:
@@ -177,8 +195,12 @@ class Scheduler:
             for observer in self.observers:
                 observer.on_admit(q, now)
         self._joined = joiners
-        return SchedulerOutput(joiners=joiners, leaving=leaving, failed=[(q, _timeout_event(q)) for q in expired + late],
-                               runs_engine=bool(joiners or leaving or self.running))
+        return SchedulerOutput(
+            joiners=joiners,
+            leaving=leaving,
+            failed=[(q, _timeout_event(q)) for q in expired + late],
+            runs_engine=bool(joiners or leaving or self.running),
+        )
 
     def update(self, step: StepResult, now: float) -> list[Delivery]:
         """Events of ``step`` to deliveries, in order; the observers see the step before any client does."""
@@ -227,6 +249,7 @@ class Scheduler:
 
 
 def _timeout_event(q: QueuedRequest) -> TokenEvent:
-    error = RequestTimeoutError("the request did not finish before its deadline (`timeout`); "
-                                "raise the timeout or lower max_tokens")
+    error = RequestTimeoutError(
+        "the request did not finish before its deadline (`timeout`); raise the timeout or lower max_tokens"
+    )
     return error_event(q.request_id, error, prompt_tokens=q.prompt_tokens)

@@ -34,4 +34,6 @@ class RequestStats:
 
         Sent as a header on a whole generation reply; a stream's headers leave before its first
         token, so its phases are only in the ``request_finished`` log line."""
-        return ", ".join(f"{name.removesuffix('_s')};dur={value * 1000:.1f}" for name, value in self.log_fields().items())
+        return ", ".join(
+            f"{name.removesuffix('_s')};dur={value * 1000:.1f}" for name, value in self.log_fields().items()
+        )

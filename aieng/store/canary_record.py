@@ -17,8 +17,9 @@ from pathlib import Path
 
 from aieng.errors import InvalidRequestError
 from aieng.store.refs import ModelRef
-from aieng.store.store import ModelStore, default_actor, utc_now
 from aieng.store.staging import fsync_dir
+from aieng.store.stamps import default_actor, utc_now
+from aieng.store.store import ModelStore
 
 
 @dataclass(frozen=True)
@@ -44,24 +45,35 @@ def read_canary(store: ModelStore, name: str) -> CanaryRecord | None:
     return None if record.version == store.current(name) else record
 
 
-def set_canary(store: ModelStore, name: str, version: str, weight: float, *, reason: str = "canary",
-               actor: str | None = None) -> dict:
+def set_canary(
+    store: ModelStore, name: str, version: str, weight: float, *, reason: str = "canary", actor: str | None = None
+) -> dict:
     """Serve ``version`` beside ``current`` to ``weight`` of the traffic (0 keeps it loaded, idle)."""
     if not 0.0 <= weight <= 1.0:
         raise InvalidRequestError(f"a canary weight is a share between 0 and 1, got {weight}", param="weight")
     store.verify_or_raise(ModelRef(name, store.resolve(ModelRef(name, version))))
     if version == store.current(name):
-        raise InvalidRequestError(f"{name}@{version} is already the current version: nothing to canary",
-                                  param="version")
-    event = {"ts": utc_now(), "action": "canary_set", "from": store.current(name), "to": version, "weight": weight,
-             "reason": reason, "actor": actor or default_actor()}
+        raise InvalidRequestError(
+            f"{name}@{version} is already the current version: nothing to canary", param="version"
+        )
+    event = {
+        "ts": utc_now(),
+        "action": "canary_set",
+        "from": store.current(name),
+        "to": version,
+        "weight": weight,
+        "reason": reason,
+        "actor": actor or default_actor(),
+    }
     with store._lock(name):
         _write(canary_path(store, name), CanaryRecord(version, weight).to_dict())
         store._append_history(name, event)
     return event
 
 
-def clear_canary(store: ModelStore, name: str, *, reason: str = "canary cleared", actor: str | None = None) -> dict | None:
+def clear_canary(
+    store: ModelStore, name: str, *, reason: str = "canary cleared", actor: str | None = None
+) -> dict | None:
     """Stop serving the canary (workers unload it); None when there was none."""
     path = canary_path(store, name)
     with store._lock(name):
@@ -70,8 +82,14 @@ def clear_canary(store: ModelStore, name: str, *, reason: str = "canary cleared"
         previous = json.loads(path.read_text()).get("version")
         path.unlink()
         fsync_dir(path.parent)
-        event = {"ts": utc_now(), "action": "canary_cleared", "from": previous, "to": store.current(name),
-                 "reason": reason, "actor": actor or default_actor()}
+        event = {
+            "ts": utc_now(),
+            "action": "canary_cleared",
+            "from": previous,
+            "to": store.current(name),
+            "reason": reason,
+            "actor": actor or default_actor(),
+        }
         store._append_history(name, event)
     return event
 

@@ -34,8 +34,10 @@ def convert_to_safetensors(source: Path | str, out: Path | str) -> Path:
         try:
             state = torch.load(source / rel, map_location="cpu", weights_only=True)
         except Exception as exc:
-            raise StoreError(f"{source / rel} could not be read as a tensors-only checkpoint ({exc}); "
-                             "aieng will not unpickle arbitrary objects") from exc
+            raise StoreError(
+                f"{source / rel} could not be read as a tensors-only checkpoint ({exc}); "
+                "aieng will not unpickle arbitrary objects"
+            ) from exc
         if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
             state = state["state_dict"]
         if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):

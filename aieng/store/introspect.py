@@ -20,10 +20,30 @@ from aieng.model_facts import context_length
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".ckpt")
 
 # bytes per element for the dtypes safetensors headers carry
-DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
-               "F8_E4M3": 1, "F8_E5M2": 1}
-_DTYPE_NAMES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I8": "int8", "U8": "uint8",
-                "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2"}
+DTYPE_BYTES = {
+    "F64": 8,
+    "F32": 4,
+    "F16": 2,
+    "BF16": 2,
+    "I64": 8,
+    "I32": 4,
+    "I16": 2,
+    "I8": 1,
+    "U8": 1,
+    "BOOL": 1,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+}
+_DTYPE_NAMES = {
+    "F64": "float64",
+    "F32": "float32",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "I8": "int8",
+    "U8": "uint8",
+    "F8_E4M3": "float8_e4m3fn",
+    "F8_E5M2": "float8_e5m2",
+}
 
 
 @dataclass(frozen=True)
@@ -67,7 +87,9 @@ def check_causal_lm(config: dict, folder: Path) -> str:
             "use a model whose architecture transformers ships (Llama, Qwen2, Mistral, ...)"
         )
     if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
-        raise StoreError(f"{folder} is a {model_type!r} model, not a causal language model; aieng serves text generation only")
+        raise StoreError(
+            f"{folder} is a {model_type!r} model, not a causal language model; aieng serves text generation only"
+        )
     archs = config.get("architectures") or [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type]]
     causal = [a for a in archs if a.endswith(("ForCausalLM", "LMHeadModel", "ForConditionalGeneration"))]
     if not causal:
@@ -88,8 +110,9 @@ def check_servable(config: dict, folder: Path) -> str:
         raise StoreError(f"{folder / 'config.json'} is not a valid {config['model_type']!r} config: {exc}") from exc
     path = serving_path(parsed)
     if path.refused:
-        raise StoreError(f"{folder} cannot be served exactly, so it is not registered: {path.reason}",
-                         code="unsupported_model")
+        raise StoreError(
+            f"{folder} cannot be served exactly, so it is not registered: {path.reason}", code="unsupported_model"
+        )
     return path.kind
 
 
@@ -116,7 +139,11 @@ def weight_facts(folder: Path) -> tuple[tuple[str, ...], int, str]:
                     by_dtype[tensor_slice.get_dtype()] += numel
         except Exception as exc:  # safetensors raises its own error types for corrupt headers
             raise StoreError(f"{folder / rel} is not a readable safetensors file: {exc}") from exc
-    dtype = _DTYPE_NAMES.get(by_dtype.most_common(1)[0][0], by_dtype.most_common(1)[0][0].lower()) if by_dtype else "unknown"
+    dtype = (
+        _DTYPE_NAMES.get(by_dtype.most_common(1)[0][0], by_dtype.most_common(1)[0][0].lower())
+        if by_dtype
+        else "unknown"
+    )
     return files, total, dtype
 
 

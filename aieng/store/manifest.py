@@ -44,12 +44,14 @@ class Manifest:
         return {**extra, **data}
 
     @classmethod
-    def from_dict(cls, data: dict) -> "Manifest":
+    def from_dict(cls, data: dict) -> Manifest:
         known = {f.name for f in fields(cls)} - {"extra"}
-        return cls(**{k: v for k, v in data.items() if k in known}, extra={k: v for k, v in data.items() if k not in known})
+        return cls(
+            **{k: v for k, v in data.items() if k in known}, extra={k: v for k, v in data.items() if k not in known}
+        )
 
     @classmethod
-    def read(cls, version_dir: Path) -> "Manifest":
+    def read(cls, version_dir: Path) -> Manifest:
         return cls.from_dict(json.loads((version_dir / MANIFEST_NAME).read_text()))
 
     def write(self, version_dir: Path) -> None:
@@ -58,8 +60,9 @@ class Manifest:
         The temporary file sits beside the version folder, not in it: a process killed between
         the write and the rename would otherwise leave a file that ``verify`` reports as extra.
         The store removes such leftovers once their process is gone (``MANIFEST_TMP_PREFIX``)."""
-        write_json_atomic(version_dir / MANIFEST_NAME, self.to_dict(),
-                          tmp=Path(version_dir).parent / owned_name(MANIFEST_TMP_PREFIX))
+        write_json_atomic(
+            version_dir / MANIFEST_NAME, self.to_dict(), tmp=Path(version_dir).parent / owned_name(MANIFEST_TMP_PREFIX)
+        )
 
 
 MANIFEST_TMP_PREFIX = ".manifest-writing-"

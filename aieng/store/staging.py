@@ -112,7 +112,7 @@ def remove_dead(parent: Path, prefix: str) -> list[Path]:
     removed = []
     host = socket.gethostname()
     for path in Path(parent).glob(prefix + "*"):
-        parts = path.name[len(prefix):].rsplit("-", 2)
+        parts = path.name[len(prefix) :].rsplit("-", 2)
         if len(parts) != 3 or parts[0] != host or not parts[1].isdigit():
             continue
         pid = int(parts[1])

@@ -18,36 +18,21 @@ Every mutation either completes or leaves the store as it was:
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
-import getpass
 import json
 import os
 import shutil
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable
 
 from aieng.errors import ModelNotFoundError, StoreError, VerificationError
-from aieng.host.hardware import dependency_versions, hardware_profile
-from aieng.store.hashing import compare_hashes, hash_tree
-from aieng.store.introspect import inspect_folder
+from aieng.store.hashing import compare_hashes
 from aieng.store.manifest import MANIFEST_TMP_PREFIX, Manifest, write_json_atomic
 from aieng.store.refs import ModelRef, check_name
-from aieng.store.staging import fsync_dir, owned_name, remove_dead, staged_directory
-
-
-def utc_now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
-def default_actor() -> str:
-    try:
-        return os.environ.get("AIENG_ACTOR") or getpass.getuser()
-    except Exception:  # no passwd entry in some containers
-        return f"uid:{os.getuid()}"
+from aieng.store.staging import fsync_dir, remove_dead
+from aieng.store.stamps import default_actor, utc_now
 
 
 @dataclass(frozen=True)
@@ -138,7 +123,9 @@ class ModelStore:
         directory = self.model_dir(name) / "versions"
         if not directory.is_dir():
             return []
-        return sorted((p.name for p in directory.iterdir() if p.is_dir() and not p.name.startswith(".")), key=_version_key)
+        return sorted(
+            (p.name for p in directory.iterdir() if p.is_dir() and not p.name.startswith(".")), key=_version_key
+        )
 
     def current(self, name: str) -> str | None:
         link = self.model_dir(name) / "current"
@@ -150,16 +137,21 @@ class ModelStore:
         """The concrete version a reference names, or a ModelNotFoundError saying what exists."""
         if ref.name not in self.names():
             known = ", ".join(self.names()) or "none"
-            raise ModelNotFoundError(f"model {ref.name!r} is not in the store at {self.root} (models: {known}); "
-                                     f"register one with: aieng model register SRC --name {ref.name} --version V")
+            raise ModelNotFoundError(
+                f"model {ref.name!r} is not in the store at {self.root} (models: {known}); "
+                f"register one with: aieng model register SRC --name {ref.name} --version V"
+            )
         if ref.version is None:
             version = self.current(ref.name)
             if version is None:
-                raise ModelNotFoundError(f"model {ref.name!r} has no current version; promote one with: "
-                                         f"aieng model promote {ref.name} V")
+                raise ModelNotFoundError(
+                    f"model {ref.name!r} has no current version; promote one with: aieng model promote {ref.name} V"
+                )
             return version
         if ref.version not in self.versions(ref.name):
-            raise ModelNotFoundError(f"{ref} does not exist; versions of {ref.name}: {', '.join(self.versions(ref.name)) or 'none'}")
+            raise ModelNotFoundError(
+                f"{ref} does not exist; versions of {ref.name}: {', '.join(self.versions(ref.name)) or 'none'}"
+            )
         return ref.version
 
     def path(self, ref: ModelRef) -> Path:
@@ -180,62 +172,9 @@ class ModelStore:
     # -- register ------------------------------------------------------------------------------
     def register(self, source: Path | str, name: str, version: str, *, provenance: str | None = None) -> Manifest:
         """Copy a safetensors model folder into the store as ``name@version`` (status ``candidate``)."""
-        source = Path(source).resolve()
-        check_name(name)
-        check_name(version, "version")
-        facts = inspect_folder(source)  # refuses pickle, non-causal-LM, remote code, no safetensors
-        target = self.version_dir(name, version)
+        from aieng.store.registration import register
 
-        def exists(_target: Path) -> StoreError:  # a concurrent register of the same version may win
-            return StoreError(f"{name}@{version} already exists; versions are immutable: register a new version")
-
-        # replace_empty=False: an empty versions/<v> still lists as a version, and versions are immutable.
-        with staged_directory(target, tmp_name=owned_name(".registering-"), lock=self._lock(name),
-                              exists_error=exists, replace_empty=False) as tmp:
-            shutil.copytree(source, tmp, symlinks=False, dirs_exist_ok=True, copy_function=self._copy_file,
-                            ignore=shutil.ignore_patterns(".*", "manifest.json", "__pycache__"))
-            manifest = Manifest(
-                name=name,
-                version=version,
-                created_at=utc_now(),
-                source=provenance or str(source),
-                files=hash_tree(tmp),
-                architecture=facts.architecture,
-                num_parameters=facts.num_parameters,
-                dtype=facts.dtype,
-                context_length=facts.context_length,
-                hardware_profile=hardware_profile(),
-                dependencies=dependency_versions(),
-                prompt_template=self._versioned_template(name, facts.prompt_template),
-            )
-            manifest.write(tmp)
-        return manifest
-
-    def _copy_file(self, src: str, dst: str) -> str:
-        """``copy2`` that stops the copy at a full disk with a clear error (``copytree`` would
-        otherwise collect one OSError per remaining file and raise them all at the end)."""
-        try:
-            return shutil.copy2(src, dst)
-        except OSError as exc:
-            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
-                raise
-            raise StoreError(f"no space left on device under {self.root} while copying {Path(src).name}; nothing "
-                             f"was registered. Free space (df -h {self.root}) and register again") from exc
-
-    def _versioned_template(self, name: str, template: dict | None) -> dict | None:
-        """The template entry with its ``version``: the number of a template this model shipped
-        before under the same sha256, else one more than the highest so far (1 for the first).
-        So "template 2" means the model's prompt format changed once, whatever the files say."""
-        if template is None:
-            return None
-        seen = {}
-        for version in self.versions(name):
-            with contextlib.suppress(OSError, ValueError):
-                known = Manifest.read(self.version_dir(name, version)).prompt_template or {}
-                if "sha256" in known and "version" in known:
-                    seen[known["sha256"]] = known["version"]
-        number = seen.get(template["sha256"], max(seen.values(), default=0) + 1)
-        return {**template, "version": number}
+        return register(self, source, name, version, provenance=provenance)
 
     # -- verify --------------------------------------------------------------------------------
     def verify(self, ref: ModelRef) -> VerifyReport:
@@ -258,8 +197,15 @@ class ModelStore:
         return report
 
     # -- promote / rollback --------------------------------------------------------------------
-    def promote(self, name: str, version: str, *, reason: str = "promote", actor: str | None = None,
-                check: Callable[[str | None], dict | None] | None = None) -> dict:
+    def promote(
+        self,
+        name: str,
+        version: str,
+        *,
+        reason: str = "promote",
+        actor: str | None = None,
+        check: Callable[[str | None], dict | None] | None = None,
+    ) -> dict:
         """Point ``current`` at ``version`` (verified first) and record it in history.
 
         ``check`` (the release gate, ``aieng.release.promotion``) runs under the model's lock with
@@ -286,8 +232,10 @@ class ModelStore:
             # the latest earlier promotion of another version (promoting the current one again is no step)
             earlier = [v for v in self._promotion_stack(name)[:-1] if v in self.versions(name) and v != current]
             if current is None or not earlier:
-                raise StoreError(f"{name} has no previous promoted version to roll back to "
-                                 f"(current: {current or 'none'}); promote a version, or name one with --to V")
+                raise StoreError(
+                    f"{name} has no previous promoted version to roll back to "
+                    f"(current: {current or 'none'}); promote a version, or name one with --to V"
+                )
             return earlier[-1]
         self.resolve(ModelRef(name, to))
         if to == current:
@@ -309,21 +257,32 @@ class ModelStore:
                 continue  # refusals and other records do not move `current`
             target = event["to"]
             if event.get("action") == "rollback" and target in stack:
-                del stack[len(stack) - stack[::-1].index(target):]  # back to its latest entry
+                del stack[len(stack) - stack[::-1].index(target) :]  # back to its latest entry
             else:
                 stack.append(target)
         return stack
 
-    def _switch(self, name: str, version: str, *, action: str, reason: str, actor: str | None,
-                gate: dict | None = None) -> dict:
+    def _switch(
+        self, name: str, version: str, *, action: str, reason: str, actor: str | None, gate: dict | None = None
+    ) -> dict:
         """Intent, link, bookkeeping: a kill at any point is completed or undone by ``_recover``."""
         directory = self.model_dir(name)
         previous = self.current(name)
-        event = {"ts": utc_now(), "action": action, "from": previous, "to": version, "reason": reason,
-                 "actor": actor or default_actor(), "id": uuid.uuid4().hex[:12]}
+        event = {
+            "ts": utc_now(),
+            "action": action,
+            "from": previous,
+            "to": version,
+            "reason": reason,
+            "actor": actor or default_actor(),
+            "id": uuid.uuid4().hex[:12],
+        }
         if gate is not None:
             event["gate"] = gate
-        pending = {"event": event, "retire": previous if action == "rollback" and previous not in (None, version) else None}
+        pending = {
+            "event": event,
+            "retire": previous if action == "rollback" and previous not in (None, version) else None,
+        }
         write_json_atomic(self.intent_path(name), pending)
         fsync_dir(directory)
         tmp_link = directory / f".current-{uuid.uuid4().hex[:8]}"

@@ -32,4 +32,6 @@ def demo_model_dir(name: str = "demo") -> Path:
     try:
         return store.path(ModelRef(name))
     except Exception as exc:
-        raise RuntimeError(f"no current {name!r} model in {store.root}: run `make demo` (or `aieng demo install`) first") from exc
+        raise RuntimeError(
+            f"no current {name!r} model in {store.root}: run `make demo` (or `aieng demo install`) first"
+        ) from exc

@@ -7,14 +7,20 @@ or failed, so the record of a failed deploy is kept too.
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 RUNBOOKS_DIR = Path(__file__).resolve().parents[2] / "runbooks"
 
 
-def execute(runbook: str | Path, parameters: dict, *, runs_dir: Path | None = None, kernel_name: str = "python3",
-            cwd: Path | None = None) -> Path:
+def execute(
+    runbook: str | Path,
+    parameters: dict,
+    *,
+    runs_dir: Path | None = None,
+    kernel_name: str = "python3",
+    cwd: Path | None = None,
+) -> Path:
     """Execute ``runbook`` (a name in ``runbooks/`` or a path) and return the executed copy's path.
 
     Raises papermill's ``PapermillExecutionError`` when a cell fails (a pre-check or a
@@ -28,11 +34,17 @@ def execute(runbook: str | Path, parameters: dict, *, runs_dir: Path | None = No
         source = RUNBOOKS_DIR / f"{runbook}.ipynb"
     runs_dir = Path(runs_dir) if runs_dir else source.parent / "runs"
     runs_dir.mkdir(parents=True, exist_ok=True)
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
     output = runs_dir / f"{stamp}-{source.stem}.ipynb"
     try:
-        papermill.execute_notebook(str(source), str(output), parameters=parameters, kernel_name=kernel_name,
-                                   cwd=str(cwd) if cwd else None, progress_bar=False)
+        papermill.execute_notebook(
+            str(source),
+            str(output),
+            parameters=parameters,
+            kernel_name=kernel_name,
+            cwd=str(cwd) if cwd else None,
+            progress_bar=False,
+        )
     except Exception as exc:
         exc.executed_path = output
         raise

@@ -11,7 +11,8 @@ import pytest
 
 from aieng.bench import peers
 from aieng.bench.peers import PeerServer, PeerSpec, PeerUnavailable, check_available, parse_peers, peer_body_extra
-from aieng.bench.serve_bench import ServeBenchConfig, ServeBenchResult, evaluate_targets, format_table, run_serve_bench
+from aieng.bench.serve_bench import ServeBenchConfig, ServeBenchResult, run_serve_bench
+from aieng.bench.serve_report import evaluate_targets, format_table
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -21,11 +22,21 @@ def test_peers_parse_from_repeats_comma_lists_and_formats():
     assert parse_peers(["transformers"]) == [PeerSpec("transformers")]
     assert parse_peers(["transformers", "llama.cpp"]) == [PeerSpec("transformers"), PeerSpec("llama.cpp", "f32")]
     assert parse_peers(["transformers,llama.cpp"], "f32,q8_0") == [
-        PeerSpec("transformers"), PeerSpec("llama.cpp", "f32"), PeerSpec("llama.cpp", "q8_0")]
+        PeerSpec("transformers"),
+        PeerSpec("llama.cpp", "f32"),
+        PeerSpec("llama.cpp", "q8_0"),
+    ]
     assert parse_peers(["llama.cpp:q8_0", "llama.cpp:q8_0", "llama-cpp-python"]) == [
-        PeerSpec("llama.cpp", "q8_0"), PeerSpec("llama-cpp-python", "f32")]
+        PeerSpec("llama.cpp", "q8_0"),
+        PeerSpec("llama-cpp-python", "f32"),
+    ]
     assert [s.label for s in parse_peers(["transformers", "llama.cpp:q8_0"])] == ["transformers_cb", "llama.cpp_q8_0"]
-    for bad, fmt in ((["vllm"], "f32"), (["llama.cpp:q4_0"], "f32"), (["llama.cpp"], "f16"), (["transformers:f32"], "f32")):
+    for bad, fmt in (
+        (["vllm"], "f32"),
+        (["llama.cpp:q4_0"], "f32"),
+        (["llama.cpp"], "f16"),
+        (["transformers:f32"], "f32"),
+    ):
         with pytest.raises(ValueError):
             parse_peers(bad, fmt)
 
@@ -33,11 +44,30 @@ def test_peers_parse_from_repeats_comma_lists_and_formats():
 def test_the_cli_takes_peers_and_refuses_unknown_ones(capsys):
     from aieng.cli.main import build_parser, main
 
-    args = build_parser().parse_args(["bench", "serve", "--peer", "transformers", "--peer", "llama.cpp,llama-cpp-python",
-                                      "--peer-format", "q8_0", "--concurrency", "1,32", "--max-tokens", "64",
-                                      "--no-aieng", "--peer-threads", "2"])
-    assert parse_peers(args.peer, args.peer_format) == [PeerSpec("transformers"), PeerSpec("llama.cpp", "q8_0"),
-                                                        PeerSpec("llama-cpp-python", "q8_0")]
+    args = build_parser().parse_args(
+        [
+            "bench",
+            "serve",
+            "--peer",
+            "transformers",
+            "--peer",
+            "llama.cpp,llama-cpp-python",
+            "--peer-format",
+            "q8_0",
+            "--concurrency",
+            "1,32",
+            "--max-tokens",
+            "64",
+            "--no-aieng",
+            "--peer-threads",
+            "2",
+        ]
+    )
+    assert parse_peers(args.peer, args.peer_format) == [
+        PeerSpec("transformers"),
+        PeerSpec("llama.cpp", "q8_0"),
+        PeerSpec("llama-cpp-python", "q8_0"),
+    ]
     assert args.no_aieng and args.peer_threads == 2 and args.max_tokens == 64
     assert main(["bench", "serve", "--peer", "vllm"]) == 1
     assert "--peer 'vllm': choose from transformers, llama.cpp, llama-cpp-python" in capsys.readouterr().err
@@ -63,8 +93,12 @@ def test_a_missing_peer_says_how_to_install_it(monkeypatch):
 def test_the_bench_goes_on_without_a_missing_peer(monkeypatch, tmp_path):
     monkeypatch.setattr(peers, "find_llama_server", lambda: None)
     monkeypatch.setattr(peers, "llama_cpp_python_missing", lambda: ["llama_cpp"])
-    config = ServeBenchConfig(peers=(PeerSpec("llama.cpp", "f32"), PeerSpec("llama-cpp-python", "q8_0")),
-                              include_aieng=False, measure_pss=False, gguf_cache=tmp_path)
+    config = ServeBenchConfig(
+        peers=(PeerSpec("llama.cpp", "f32"), PeerSpec("llama-cpp-python", "q8_0")),
+        include_aieng=False,
+        measure_pss=False,
+        gguf_cache=tmp_path,
+    )
     logged = []
     bench = run_serve_bench(tmp_path, "demo@1", tmp_path, None, config, log=logged.append)
     assert bench.results == {} and set(bench.peer_errors) == {"llama.cpp_f32", "llama-cpp-python_q8_0"}
@@ -75,31 +109,61 @@ def test_the_bench_goes_on_without_a_missing_peer(monkeypatch, tmp_path):
 
 def test_peer_ratios_are_reported_beside_aieng():
     def level(tok_s, p99):
-        return {"ok": 8, "req_per_s": tok_s / 64, "output_tok_per_s": tok_s, "latency_p50_s": p99 / 2,
-                "latency_p99_s": p99, "ttft_p50_s": 0.1, "ttft_p99_s": 0.2, "mean_completion_tokens": 64.0, "errors": 0}
+        return {
+            "ok": 8,
+            "req_per_s": tok_s / 64,
+            "output_tok_per_s": tok_s,
+            "latency_p50_s": p99 / 2,
+            "latency_p99_s": p99,
+            "ttft_p50_s": 0.1,
+            "ttft_p99_s": 0.2,
+            "mean_completion_tokens": 64.0,
+            "errors": 0,
+        }
 
-    bench = ServeBenchResult(results={"aieng": {1: level(40, 2.0), 32: level(300, 8.0)},
-                                      "llama.cpp_q8_0": {1: level(80, 1.0), 32: level(120, 20.0)}})
+    bench = ServeBenchResult(
+        results={
+            "aieng": {1: level(40, 2.0), 32: level(300, 8.0)},
+            "llama.cpp_q8_0": {1: level(80, 1.0), 32: level(120, 20.0)},
+        }
+    )
     targets = bench.targets = evaluate_targets(bench)
     assert targets["vs_llama.cpp_q8_0_c32"]["value"] == 2.5 and targets["vs_llama.cpp_q8_0_c32"]["p99_ratio"] == 0.4
     assert targets["vs_llama.cpp_q8_0_c1"]["value"] == 0.5 and targets["vs_llama.cpp_q8_0_c1"]["met"] is None
-    assert "target vs_llama.cpp_q8_0_c32: 2.5 (aieng/peer tok/s (reported), p99 aieng/peer 0.4) -> reported" \
+    assert (
+        "target vs_llama.cpp_q8_0_c32: 2.5 (aieng/peer tok/s (reported), p99 aieng/peer 0.4) -> reported"
         in format_table(bench)
+    )
 
 
 def test_aiengs_c32_share_of_the_plain_forward_is_a_target():
-    level = {"ok": 64, "req_per_s": 3.0, "output_tok_per_s": 180.0, "latency_p50_s": 10.0, "latency_p99_s": 12.0,
-             "ttft_p50_s": 1.0, "ttft_p99_s": 4.0, "mean_completion_tokens": 64.0, "errors": 0}
+    level = {
+        "ok": 64,
+        "req_per_s": 3.0,
+        "output_tok_per_s": 180.0,
+        "latency_p50_s": 10.0,
+        "latency_p99_s": 12.0,
+        "ttft_p50_s": 1.0,
+        "ttft_p99_s": 4.0,
+        "mean_completion_tokens": 64.0,
+        "errors": 0,
+    }
     plain = {"batch": 32, "threads": 2, "tok_s": 200.0}
     bench = ServeBenchResult(results={"aieng": {32: level}}, plain_forward=plain)
     bench.targets = evaluate_targets(bench)
-    assert bench.targets["share_of_plain_forward_c32"]["value"] == 0.9 and bench.targets["share_of_plain_forward_c32"]["met"]
+    assert (
+        bench.targets["share_of_plain_forward_c32"]["value"] == 0.9
+        and bench.targets["share_of_plain_forward_c32"]["met"]
+    )
     table = format_table(bench)
     assert "plain batched forward, batch 32, 2 threads: 200.0 tok/s" in table
     assert "target share_of_plain_forward_c32: 0.9" in table and "-> met" in table
     slow = ServeBenchResult(results={"aieng": {32: {**level, "output_tok_per_s": 150.0}}}, plain_forward=plain)
     assert evaluate_targets(slow)["share_of_plain_forward_c32"] == {
-        "value": 0.75, "target": ">= 0.8 (aieng C=32 tok/s over the plain batched forward at batch 32)", "met": False}
+        "value": 0.75,
+        "target": ">= 0.8 (aieng C=32 tok/s over the plain batched forward at batch 32)",
+        "met": False,
+    }
     assert "share_of_plain_forward_c32" not in evaluate_targets(ServeBenchResult(results={"aieng": {32: level}}))
 
 
@@ -114,8 +178,11 @@ def test_the_plain_forward_is_measured_on_the_models_own_weights(tiny_shape_mode
 
 def test_a_peer_server_gets_a_free_port_and_stops(tmp_path):
     (tmp_path / "health").write_text("ok")  # http.server answers GET /health with this file: "ready"
-    server = PeerServer(name="fake peer", argv=[sys.executable, "-m", "http.server", "{port}", "--bind", "127.0.0.1",
-                                                "--directory", str(tmp_path)], ready_timeout=30)
+    server = PeerServer(
+        name="fake peer",
+        argv=[sys.executable, "-m", "http.server", "{port}", "--bind", "127.0.0.1", "--directory", str(tmp_path)],
+        ready_timeout=30,
+    )
     with server:
         assert server.port and server.process.poll() is None
         assert str(server.port) in server.command()

@@ -17,7 +17,8 @@ def _lines(path: Path) -> int:
 
 
 def test_the_engine_is_gpt_fast_sized():
-    assert _lines(PACKAGE / "engine" / "engine.py") <= 320
+    # gpt-fast's generate.py is the yardstick: the loop alone, read in one sitting (as ruff formats it)
+    assert _lines(PACKAGE / "engine" / "engine.py") <= 350
 
 
 @pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(PACKAGE)))
@@ -52,8 +53,10 @@ def test_the_checker_sees_a_private_import(tmp_path):
 def test_serve_can_set_up_multiprocess_metrics_before_prometheus_client_is_imported():
     """prometheus_client picks its value class at import: the directory must exist first
     (aieng.observability.prom). Nothing `aieng serve` imports before that may import it."""
-    code = ("import sys, aieng.cli.main, aieng.cli.serve_cmd, aieng.observability.prom, aieng.observability; "
-            "print('prometheus_client' in sys.modules)")
+    code = (
+        "import sys, aieng.cli.main, aieng.cli.serve_cmd, aieng.observability.prom, aieng.observability; "
+        "print('prometheus_client' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "False"
 
@@ -141,8 +144,12 @@ def _runner_probes(path: Path) -> list[str]:
 def test_nothing_outside_the_engine_reaches_into_a_runner():
     outside = [p for p in MODULES if (PACKAGE / "engine") not in p.parents]
     assert [probe for p in outside for probe in _runner_probes(p)] == []
-    inside = [probe for p in (PACKAGE / "engine").rglob("*.py") for probe in _runner_probes(p)
-              if "hasattr" in probe or "getattr" in probe]
+    inside = [
+        probe
+        for p in (PACKAGE / "engine").rglob("*.py")
+        for probe in _runner_probes(p)
+        if "hasattr" in probe or "getattr" in probe
+    ]
     assert inside == [], "the engine asks a runner through the Runner protocol, never by probing"
 
 

@@ -1,5 +1,4 @@
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -89,7 +88,7 @@ def test_register_refuses_unsafe_names(store, tiny_llama, bad):
 
 
 def test_a_crash_during_register_leaves_no_version(store, tiny_llama, monkeypatch):
-    import aieng.store.store as store_module
+    import aieng.store.registration as store_module
 
     def boom(*_args, **_kwargs):
         raise OSError("disk full (injected)")
@@ -122,7 +121,7 @@ def test_register_refuses_even_an_empty_version_folder(store, tiny_llama):
 
 def test_a_version_registered_concurrently_wins_and_ours_is_discarded(store, tiny_llama, monkeypatch):
     """The target is checked again under the model's lock, just before the rename."""
-    import aieng.store.store as store_module
+    import aieng.store.registration as store_module
 
     real_hash_tree = store_module.hash_tree
 

@@ -82,15 +82,21 @@ class CompiledForward:
 
     def _rewarm(self, exc: BaseException) -> None:
         """A form warm-up did not cover: compile it with full guards, then skip them again."""
-        log.warning("a forward call needed a graph warm-up did not compile (%s); compiling it now",
-                    str(exc).splitlines()[0], extra={"event": "engine_compile_rewarm"})
+        log.warning(
+            "a forward call needed a graph warm-up did not compile (%s); compiling it now",
+            str(exc).splitlines()[0],
+            extra={"event": "engine_compile_rewarm"},
+        )
         self.rewarms += 1
         self._warm, self._rewarming = False, True
 
     def _fall_back_to_eager(self, exc: BaseException) -> None:
         """A model torch.compile cannot handle still serves, eagerly; say so once, loudly."""
-        log.warning("torch.compile failed for this model (%s: %s); continuing eagerly",
-                    type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "",
-                    extra={"event": "engine_compile_fallback"})
+        log.warning(
+            "torch.compile failed for this model (%s: %s); continuing eagerly",
+            type(exc).__name__,
+            str(exc).splitlines()[0] if str(exc) else "",
+            extra={"event": "engine_compile_fallback"},
+        )
         self.fallbacks += 1
         self.active = False

@@ -48,13 +48,15 @@ class KVBatch:
             self._padded = bool((self.mask == 0).any())
         return self._padded
 
-    def select(self, indices: list[int]) -> "KVBatch":
+    def select(self, indices: list[int]) -> KVBatch:
         """A new batch with only ``indices`` (in that order), trimmed of all-padding columns."""
         index = torch.tensor(indices, dtype=torch.long, device=self.mask.device)
         cache = DynamicCache()
         cache.layers = []
         for layer in self.cache.layers:
-            cache.layers.append(_layer_like(layer, layer.keys.index_select(0, index), layer.values.index_select(0, index)))
+            cache.layers.append(
+                _layer_like(layer, layer.keys.index_select(0, index), layer.values.index_select(0, index))
+            )
         selected = KVBatch(cache, self.mask.index_select(0, index), self.next_pos.index_select(0, index))
         selected.trim()
         return selected
@@ -73,7 +75,7 @@ class KVBatch:
                 layer.values = layer.values[:, :, first:, :]
             self.make_contiguous()
 
-    def make_contiguous(self) -> "KVBatch":
+    def make_contiguous(self) -> KVBatch:
         """Give every cache tensor the plain contiguous layout.
 
         A compiled prefill returns the cache in whatever layout inductor chose, and ``trim`` leaves
@@ -93,7 +95,7 @@ class KVBatch:
         self.next_pos = self.next_pos + 1
 
     @staticmethod
-    def merge(first: "KVBatch | None", second: "KVBatch") -> "KVBatch":
+    def merge(first: KVBatch | None, second: KVBatch) -> KVBatch:
         """Concatenate two batches along the batch dimension, left-padding the shorter one."""
         if first is None or first.size == 0:
             return second
@@ -106,7 +108,7 @@ class KVBatch:
         ]
         return KVBatch(cache, torch.cat([a.mask, b.mask], dim=0), torch.cat([a.next_pos, b.next_pos], dim=0))
 
-    def _left_pad(self, length: int) -> "KVBatch":
+    def _left_pad(self, length: int) -> KVBatch:
         extra = length - self.length
         if extra == 0:
             return self
@@ -123,16 +125,17 @@ class KVBatch:
         return sum(layer.keys.nbytes + layer.values.nbytes for layer in self.cache.layers)
 
 
-def left_pad(prompts: Sequence[Sequence[int]], pad_id: int, *, min_length: int = 1
-             ) -> tuple[torch.Tensor, torch.Tensor]:
+def left_pad(
+    prompts: Sequence[Sequence[int]], pad_id: int, *, min_length: int = 1
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Right-align prompts (the batch's layout): ids and mask [n, L], L = the longest, at least ``min_length``."""
     longest = max(min_length, max(len(p) for p in prompts))
     ids = torch.full((len(prompts), longest), pad_id, dtype=torch.long)
     mask = torch.zeros((len(prompts), longest), dtype=torch.long)
     for i, prompt in enumerate(prompts):
         if prompt:
-            ids[i, longest - len(prompt):] = torch.tensor(list(prompt), dtype=torch.long)
-            mask[i, longest - len(prompt):] = 1
+            ids[i, longest - len(prompt) :] = torch.tensor(list(prompt), dtype=torch.long)
+            mask[i, longest - len(prompt) :] = 1
     return ids, mask
 
 

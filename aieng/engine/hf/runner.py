@@ -15,11 +15,11 @@ from collections.abc import Sequence
 
 import torch
 
-from aieng.engine.hf.compiled import CompiledForward
-from aieng.engine.hf_model import cache_kwarg
-from aieng.engine.hf.kv_batch import KVBatch, left_pad
-from aieng.engine.oom import bisect_on_oom
 from aieng.engine.decisions import dtype_name
+from aieng.engine.hf.compiled import CompiledForward
+from aieng.engine.hf.kv_batch import KVBatch, left_pad
+from aieng.engine.hf_model import cache_kwarg
+from aieng.engine.oom import bisect_on_oom
 from aieng.engine.runner import Chunk, RunnerChoices, StepLogits
 
 
@@ -79,10 +79,13 @@ class HFRunner:
     def describe(self, config) -> RunnerChoices:
         dtype = dtype_name(next(self.model.parameters()).dtype)
         weights = "int8 dynamic (AIENG_INT8=1)" if config.quantize_int8 else f"{dtype} as loaded"
-        return RunnerChoices(weights, f"{dtype}, transformers' dynamic cache, up to {self.max_rows} rows",
-                             "grows with each row's tokens; the native forward's static cache needs its own forward",
-                             "the model's own attention",
-                             "on: the whole forward, built at warm-up" if config.compile else "off (AIENG_COMPILE=0)")
+        return RunnerChoices(
+            weights,
+            f"{dtype}, transformers' dynamic cache, up to {self.max_rows} rows",
+            "grows with each row's tokens; the native forward's static cache needs its own forward",
+            "the model's own attention",
+            "on: the whole forward, built at warm-up" if config.compile else "off (AIENG_COMPILE=0)",
+        )
 
     def admit(self, request_id: str) -> None:
         pass
@@ -123,9 +126,15 @@ class HFRunner:
         start = time.perf_counter()
         if chunks:
             assert all(c.start == 0 and c.last for c in chunks), "the transformers runner prefills whole prompts"
-            pieces = bisect_on_oom(list(chunks), self._prefill_group, combine=operator.add,
-                                   fail_one=lambda chunk, exc: [(chunk.request_id, None, exc)],
-                                   device=self.device, phase="prefill", on_split=self._count_split)
+            pieces = bisect_on_oom(
+                list(chunks),
+                self._prefill_group,
+                combine=operator.add,
+                fail_one=lambda chunk, exc: [(chunk.request_id, None, exc)],
+                device=self.device,
+                phase="prefill",
+                on_split=self._count_split,
+            )
             logits = []
             for request_id, row_logits, exc in pieces:
                 if exc is not None:
@@ -158,8 +167,14 @@ class HFRunner:
         # last window of columns: every serving_table row with sliding-window layers fails on it.
         def inputs() -> dict:
             pass_mask = self.compiled or bool((mask == 0).any())
-            return dict(input_ids=input_ids, attention_mask=mask if pass_mask else None, position_ids=positions,
-                        use_cache=True, logits_to_keep=1, **{self._cache_kwarg: DynamicCache()})
+            return dict(
+                input_ids=input_ids,
+                attention_mask=mask if pass_mask else None,
+                position_ids=positions,
+                use_cache=True,
+                logits_to_keep=1,
+                **{self._cache_kwarg: DynamicCache()},
+            )
 
         out, used = self._call_model(inputs)
         batch = KVBatch(used[self._cache_kwarg], mask, mask.sum(-1)).make_contiguous()
@@ -177,8 +192,15 @@ class HFRunner:
             failed[ids[index]] = exc
             return [(None, torch.full((1, self.model.config.vocab_size), float("nan")), [index])]
 
-        parts = bisect_on_oom(range(len(ids)), attempt, combine=operator.add, fail_one=fail_one,
-                              device=self.device, phase="decode", on_split=self._count_split)
+        parts = bisect_on_oom(
+            range(len(ids)),
+            attempt,
+            combine=operator.add,
+            fail_one=fail_one,
+            device=self.device,
+            phase="decode",
+            on_split=self._count_split,
+        )
         if len(parts) > 1:  # split on out of memory: rebuild the batch from the halves that ran
             kept = [(b, idx) for b, _, idx in parts if b is not None]
             merged = None
@@ -204,8 +226,13 @@ class HFRunner:
             if batch.padded or self.compiled:
                 ones = torch.ones((batch.size, 1), dtype=batch.mask.dtype, device=batch.mask.device)
                 mask = torch.cat([batch.mask, ones], dim=1)  # [B, T+1]
-            return dict(input_ids=input_ids, attention_mask=mask, position_ids=batch.next_pos[:, None],
-                        use_cache=True, **{self._cache_kwarg: batch.cache})
+            return dict(
+                input_ids=input_ids,
+                attention_mask=mask,
+                position_ids=batch.next_pos[:, None],
+                use_cache=True,
+                **{self._cache_kwarg: batch.cache},
+            )
 
         out, _ = self._call_model(inputs, undo=undo)
         batch.append_column()

@@ -28,8 +28,10 @@ def compile_settings():
     dynamic (no automatic dynamic), and no duck shaping (a row count that happens to equal the slot
     count while compiling must not become a guard later steps fail). Compile-time only: patching
     torch's config around every step costs milliseconds."""
-    with torch._dynamo.config.patch(automatic_dynamic_shapes=False), \
-            torch.fx.experimental._config.patch(use_duck_shape=False):
+    with (
+        torch._dynamo.config.patch(automatic_dynamic_shapes=False),
+        torch.fx.experimental._config.patch(use_duck_shape=False),
+    ):
         yield
 
 

@@ -34,9 +34,17 @@ def plan_path(shapes: list[tuple[int, ...]], layers: int, *, packed: bool, rules
     matrices of ``shapes``; ``rules``: the measurement's own constants (token counts, margins)."""
     from torch._inductor.runtime.cache_dir_utils import cache_dir
 
-    facts = {"version": VERSION, "torch": torch.__version__, "cpu": cpu_model(),
-             "capability": torch.backends.cpu.get_cpu_capability(), "threads": torch.get_num_threads(),
-             "layers": layers, "shapes": [list(s) for s in shapes], "packed": packed, "rules": rules}
+    facts = {
+        "version": VERSION,
+        "torch": torch.__version__,
+        "cpu": cpu_model(),
+        "capability": torch.backends.cpu.get_cpu_capability(),
+        "threads": torch.get_num_threads(),
+        "layers": layers,
+        "shapes": [list(s) for s in shapes],
+        "packed": packed,
+        "rules": rules,
+    }
     key = hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:16]
     return Path(cache_dir()) / "aieng-format-plans" / f"{key}.json"
 
@@ -45,22 +53,32 @@ def load(path: Path) -> dict | None:
     """The stored plan's fields, or None when there is none or it cannot be read."""
     try:
         data = json.loads(path.read_text())
-        return {"bf16_from": tuple((int(n), bool(b)) for n, b in data["bf16_from"]),
-                "packed_from": int(data["packed_from"]), "measured_at": str(data["measured_at"])}
+        return {
+            "bf16_from": tuple((int(n), bool(b)) for n, b in data["bf16_from"]),
+            "packed_from": int(data["packed_from"]),
+            "measured_at": str(data["measured_at"]),
+        }
     except FileNotFoundError:
         return None
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        log.warning("weight formats: %s cannot be read (%s); measuring again", path, exc,
-                    extra={"event": "engine_weight_formats"})
+        log.warning(
+            "weight formats: %s cannot be read (%s); measuring again",
+            path,
+            exc,
+            extra={"event": "engine_weight_formats"},
+        )
         return None
 
 
 def store(path: Path, bf16_from, packed_from: int, timings: dict) -> None:
     """Write the plan whole or not at all (a temporary file renamed), so a crash or a second
     worker writing at the same time never leaves half a file."""
-    data = {"bf16_from": [list(x) for x in bf16_from], "packed_from": packed_from,
-            "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "timings_us": {str(n): [round(t * 1e6) for t in times] for n, times in timings.items()}}
+    data = {
+        "bf16_from": [list(x) for x in bf16_from],
+        "packed_from": packed_from,
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "timings_us": {str(n): [round(t * 1e6) for t in times] for n, times in timings.items()},
+    }
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=path.stem + ".", suffix=".tmp", dir=path.parent)
@@ -68,5 +86,9 @@ def store(path: Path, bf16_from, packed_from: int, timings: dict) -> None:
             json.dump(data, f)
         os.replace(tmp, path)
     except OSError as exc:
-        log.warning("weight formats: could not keep the plan in %s (%s); the next start measures again", path,
-                    exc, extra={"event": "engine_weight_formats"})
+        log.warning(
+            "weight formats: could not keep the plan in %s (%s); the next start measures again",
+            path,
+            exc,
+            extra={"event": "engine_weight_formats"},
+        )

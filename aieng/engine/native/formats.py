@@ -40,8 +40,8 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F
 
-from aieng.host import container_limits
 from aieng.engine.native import format_plan_cache, packed_weights
+from aieng.host import container_limits
 from aieng.settings import WEIGHT_FORMATS
 
 log = logging.getLogger("aieng.engine")
@@ -71,7 +71,7 @@ class FormatPlan:
     packed_from: int = 0
 
     @classmethod
-    def fixed(cls, bf16: bool) -> "FormatPlan":
+    def fixed(cls, bf16: bool) -> FormatPlan:
         return cls(((1, bf16),))
 
     def use_bf16(self, tokens: int) -> bool:
@@ -94,8 +94,11 @@ class FormatPlan:
         packed = f" (oneDNN-packed from {self.packed_from} tokens)" if self.packed_from else ""
         if not self.uses_bf16:
             return f"fp32 weights for every step{packed}"
-        parts = [f"{'bf16' if bf16 else 'fp32'} from {count} token{'s' if count > 1 else ''}"
-                 for i, (count, bf16) in enumerate(self.bf16_from) if i == 0 or bf16 != self.bf16_from[i - 1][1]]
+        parts = [
+            f"{'bf16' if bf16 else 'fp32'} from {count} token{'s' if count > 1 else ''}"
+            for i, (count, bf16) in enumerate(self.bf16_from)
+            if i == 0 or bf16 != self.bf16_from[i - 1][1]
+        ]
         return ", ".join(parts) + packed
 
 
@@ -110,9 +113,11 @@ def format_plan(choice: str, model) -> FormatPlan:
     if packed and not packed_weights.supports(torch.bfloat16 if bf16 else torch.float32):
         from aieng.errors import ConfigError
 
-        raise ConfigError(f"weight formats {choice!r}: this PyTorch/CPU cannot pack "
-                          f"{'bf16' if bf16 else 'fp32'} weights with oneDNN (bf16 needs AVX-512); use auto, "
-                          f"which measures what this machine can run")
+        raise ConfigError(
+            f"weight formats {choice!r}: this PyTorch/CPU cannot pack "
+            f"{'bf16' if bf16 else 'fp32'} weights with oneDNN (bf16 needs AVX-512); use auto, "
+            f"which measures what this machine can run"
+        )
     return replace(FormatPlan.fixed(bf16) if bf16 else FormatPlan(), packed_from=1 if packed else 0)
 
 
@@ -125,8 +130,12 @@ def measure_format_plan(model, *, repeats: int = 5, cached: bool = True) -> Form
     copy_bytes = sum(p.numel() for p in model.parameters()) * 2
     available = container_limits.limits().memory_available_bytes  # a container's limit, when tighter
     if copy_bytes > available * 0.5:
-        log.info("no bf16 weight copy: it would take %.0f MiB of %.0f MiB available", copy_bytes / 2**20,
-                 available / 2**20, extra={"event": "engine_weight_formats"})
+        log.info(
+            "no bf16 weight copy: it would take %.0f MiB of %.0f MiB available",
+            copy_bytes / 2**20,
+            available / 2**20,
+            extra={"event": "engine_weight_formats"},
+        )
         return FormatPlan()
     # Packed copies are as large as the weights they copy: timed (and kept) only when they fit.
     try_packed = packed_weights.available() and copy_bytes * 4 <= available * 0.5
@@ -137,15 +146,27 @@ def measure_format_plan(model, *, repeats: int = 5, cached: bool = True) -> Form
     per_layer = [_layer_matrices(layer) for layer in model.model.layers]
     layer_bytes = sum(m.numel() * m.element_size() for m in per_layer[0])
     streamed_layers = max(1, min(len(per_layer), STREAMED_BYTES // layer_bytes))
-    path = format_plan_cache.plan_path([tuple(m.shape) for m in per_layer[0]], len(per_layer), packed=try_packed,
-                                       rules={"tokens": TOKEN_COUNTS, "min_saving_s": MIN_SAVING_S,
-                                              "streamed_bytes": STREAMED_BYTES, "repeats": repeats})
+    path = format_plan_cache.plan_path(
+        [tuple(m.shape) for m in per_layer[0]],
+        len(per_layer),
+        packed=try_packed,
+        rules={
+            "tokens": TOKEN_COUNTS,
+            "min_saving_s": MIN_SAVING_S,
+            "streamed_bytes": STREAMED_BYTES,
+            "repeats": repeats,
+        },
+    )
     kept = format_plan_cache.load(path) if cached else None
     if kept is not None:
         result = FormatPlan(kept["bf16_from"], measured=True, packed_from=kept["packed_from"])
-        log.info("weight formats: %s (measured at %s on this CPU and thread count, kept in %s: delete it to "
-                 "measure again)", result.describe(), kept["measured_at"], path,
-                 extra={"event": "engine_weight_formats", "plan": result.describe(), "cached": True})
+        log.info(
+            "weight formats: %s (measured at %s on this CPU and thread count, kept in %s: delete it to measure again)",
+            result.describe(),
+            kept["measured_at"],
+            path,
+            extra={"event": "engine_weight_formats", "plan": result.describe(), "cached": True},
+        )
         return result
     fp32 = [m for matrices in per_layer[:streamed_layers] for m in matrices]
     timings = {}
@@ -162,10 +183,15 @@ def measure_format_plan(model, *, repeats: int = 5, cached: bool = True) -> Form
     scale = len(per_layer) / streamed_layers  # the timed layers' seconds -> a whole step's
     timings = {tokens: tuple(t * scale for t in times) for tokens, times in timings.items()}
     result = plan_from_timings(timings)
-    log.info("weight formats: %s (µs a step in fp32/bf16%s by tokens, %d of %d layers timed: %s)",
-             result.describe(), "/packed fp32/packed bf16" if packed else "", streamed_layers, len(per_layer),
-             {tokens: tuple(round(s * 1e6) for s in times) for tokens, times in timings.items()},
-             extra={"event": "engine_weight_formats", "plan": result.describe()})
+    log.info(
+        "weight formats: %s (µs a step in fp32/bf16%s by tokens, %d of %d layers timed: %s)",
+        result.describe(),
+        "/packed fp32/packed bf16" if packed else "",
+        streamed_layers,
+        len(per_layer),
+        {tokens: tuple(round(s * 1e6) for s in times) for tokens, times in timings.items()},
+        extra={"event": "engine_weight_formats", "plan": result.describe()},
+    )
     if cached:
         format_plan_cache.store(path, result.bf16_from, result.packed_from, timings)
     return result
@@ -180,8 +206,12 @@ def _pack_all(matrices: list[torch.Tensor]) -> list[torch.Tensor]:
             packed_weights.pack(m)
             done.append(m)
     except RuntimeError as exc:
-        log.info("no packed weights: oneDNN could not pack a %s matrix here (%s)", m.dtype, str(exc).splitlines()[0],
-                 extra={"event": "engine_weight_formats"})
+        log.info(
+            "no packed weights: oneDNN could not pack a %s matrix here (%s)",
+            m.dtype,
+            str(exc).splitlines()[0],
+            extra={"event": "engine_weight_formats"},
+        )
         for m in done:
             packed_weights.unpack(m)
         return []
@@ -239,13 +269,14 @@ def interleaved_medians(*runs: Callable[[], object], rounds: int) -> tuple[float
 def _layer_matrices(layer) -> list[torch.Tensor]:
     """The layer's matrices as the native forward multiplies them: q|k|v and gate|up fused (the
     fusion is the one ``NativeLlama`` makes, in place: the modules become views of it)."""
-    from aieng.engine.native.llama import _layer_weights
+    from aieng.engine.native.model import _layer_weights
 
     return list(_layer_weights(layer).matrices)
 
 
-def _time_formats(fp32: list[torch.Tensor], bf16: list[torch.Tensor], tokens: int, repeats: int, *,
-                  packed: bool) -> tuple[float, ...]:
+def _time_formats(
+    fp32: list[torch.Tensor], bf16: list[torch.Tensor], tokens: int, repeats: int, *, packed: bool
+) -> tuple[float, ...]:
     """Median seconds of all the matrices at ``tokens`` rows: fp32, bf16 and, with ``packed`` (the
     matrices have packed copies), both again through ``packed_linear`` as a step calls it."""
     x32 = {w.shape[1]: torch.randn(tokens, w.shape[1]) for w in fp32}

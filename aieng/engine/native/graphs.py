@@ -37,7 +37,7 @@ class GraphShape(NamedTuple):
     bf16: bool
 
     @classmethod
-    def of(cls, rows: int, chunks: int, bf16: bool) -> "GraphShape":
+    def of(cls, rows: int, chunks: int, bf16: bool) -> GraphShape:
         return cls(min(rows, 2), min(chunks, 2), bf16)
 
     def describe(self) -> str:
@@ -71,8 +71,10 @@ def compile_shapes(runner) -> list[GraphShape]:
                 shapes.append(GraphShape(2, chunks, bf16))
     return shapes
 
+
 def _formats_from(runner, smallest: int, thresholds: list[int]) -> list[bool]:
     return list(dict.fromkeys(runner.formats.use_bf16(count) for count in [smallest] + thresholds))
+
 
 @torch.inference_mode()
 def build_graphs(runner, progress: Callable[[str], None] = lambda detail: None) -> float:
@@ -95,6 +97,7 @@ def build_graphs(runner, progress: Callable[[str], None] = lambda detail: None) 
         runner.net.layers_bf16 = None  # no step uses the copy: give its memory back
     return time.perf_counter() - start
 
+
 def scratch_step(runner, scratch: SlotKVCache, shape: GraphShape, size: int) -> None:
     """One compiled step of ``shape`` on the scratch cache: its decode rows at position
     ``size - 1``, its chunks (in the slots after them) ``size - 3`` tokens from position 0."""
@@ -113,22 +116,34 @@ def scratch_step(runner, scratch: SlotKVCache, shape: GraphShape, size: int) -> 
     tokens = torch.zeros(rows, dtype=torch.long, device=device)
     runner.net.hidden(plan, scratch, tokens, prefill_tokens, rotary_pos, bf16=shape.bf16, compiled=True)
 
+
 def _faster_one_row_format(runner, scratch: SlotKVCache, *, rounds: int = 5, steps: int = 5) -> bool:
     """Time the compiled one-row step in fp32 and bf16 the way ``measure_format_plan`` times
     the eager matrices (interleaved, medians, the same bar for bf16)."""
+
     def run(bf16: bool):
         return lambda: [scratch_step(runner, scratch, GraphShape(1, 0, bf16), 6) for _ in range(steps)]
 
     fp32_s, bf16_s = (s / steps for s in interleaved_medians(run(False), run(True), rounds=rounds))
     choice = bf16_wins(fp32_s, bf16_s)
-    log.info("compiled one-row step: %s weights (%.2f ms fp32, %.2f ms bf16)", "bf16" if choice else "fp32",
-             fp32_s * 1e3, bf16_s * 1e3,
-             extra={"event": "engine_weight_formats", "one_row": "bf16" if choice else "fp32",
-                    "fp32_ms": round(fp32_s * 1e3, 3), "bf16_ms": round(bf16_s * 1e3, 3)})
+    log.info(
+        "compiled one-row step: %s weights (%.2f ms fp32, %.2f ms bf16)",
+        "bf16" if choice else "fp32",
+        fp32_s * 1e3,
+        bf16_s * 1e3,
+        extra={
+            "event": "engine_weight_formats",
+            "one_row": "bf16" if choice else "fp32",
+            "fp32_ms": round(fp32_s * 1e3, 3),
+            "bf16_ms": round(bf16_s * 1e3, 3),
+        },
+    )
     return choice
+
 
 def compile_in_background(runner, progress: Callable[[str], None], done: Callable[[float], None]) -> threading.Thread:
     """Build the graphs on another thread; the engine serves eagerly until they are ready."""
+
     def work():
         try:
             seconds = build_graphs(runner, progress)
@@ -136,8 +151,12 @@ def compile_in_background(runner, progress: Callable[[str], None], done: Callabl
             done(seconds)
         except Exception as exc:  # noqa: BLE001 - a compiler failure must never stop serving
             runner.compile_failed = True
-            log.warning("compiling the decoder layer failed (%s: %s); serving eagerly", type(exc).__name__,
-                        str(exc).splitlines()[0] if str(exc) else "", extra={"event": "engine_compile_fallback"})
+            log.warning(
+                "compiling the decoder layer failed (%s: %s); serving eagerly",
+                type(exc).__name__,
+                str(exc).splitlines()[0] if str(exc) else "",
+                extra={"event": "engine_compile_fallback"},
+            )
             done(-1.0)
 
     runner.compile_thread = threading.Thread(target=work, name="aieng-compile", daemon=True)
@@ -145,8 +164,14 @@ def compile_in_background(runner, progress: Callable[[str], None], done: Callabl
     return runner.compile_thread
 
 
-def warm_up(runner, run_shapes: Callable[[list[tuple[int, int]], str], None], shapes: list[tuple[int, int]],
-            progress: Callable[[str], None], budget_s: float | None, compile: bool) -> None:
+def warm_up(
+    runner,
+    run_shapes: Callable[[list[tuple[int, int]], str], None],
+    shapes: list[tuple[int, int]],
+    progress: Callable[[str], None],
+    budget_s: float | None,
+    compile: bool,
+) -> None:
     """Run ``shapes`` eagerly, then build the graphs (within ``budget_s`` when set). A successor
     runs one short shape on a scratch cache of its own: its graphs are shared and its process has
     run every kernel already, so its warm-up takes little from the engine serving beside it."""
@@ -164,17 +189,27 @@ def warm_up(runner, run_shapes: Callable[[list[tuple[int, int]], str], None], sh
     if budget_s is None:
         seconds = build_graphs(runner, progress)
         runner.compiled_ready = True
-        log.info("compiled the decoder layer in %.1f s", seconds, extra={"event": "engine_compiled",
-                                                                        "seconds": round(seconds, 2)})
+        log.info(
+            "compiled the decoder layer in %.1f s",
+            seconds,
+            extra={"event": "engine_compiled", "seconds": round(seconds, 2)},
+        )
         return
 
     def done(seconds: float) -> None:
         if seconds >= 0:
-            log.info("compiled the decoder layer in %.1f s; decode steps use the graphs from now on", seconds,
-                     extra={"event": "engine_compiled", "seconds": round(seconds, 2)})
+            log.info(
+                "compiled the decoder layer in %.1f s; decode steps use the graphs from now on",
+                seconds,
+                extra={"event": "engine_compiled", "seconds": round(seconds, 2)},
+            )
 
     thread = compile_in_background(runner, progress, done)
     thread.join(max(0.0, budget_s - (time.perf_counter() - start)))
     if thread.is_alive():
-        log.warning("compilation is past its budget (%.0f s): serving eagerly meanwhile; decode steps switch to "
-                    "the compiled graphs when they are ready", budget_s, extra={"event": "engine_compile_background"})
+        log.warning(
+            "compilation is past its budget (%.0f s): serving eagerly meanwhile; decode steps switch to "
+            "the compiled graphs when they are ready",
+            budget_s,
+            extra={"event": "engine_compile_background"},
+        )

@@ -42,9 +42,6 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from aieng.engine.native import packed_weights
-from aieng.model_facts import head_dim, kv_heads
-from aieng.engine.native.compile_marks import mark_step_dynamic, own_copy
 
 @dataclass
 class LayerWeights:
@@ -63,15 +60,35 @@ class LayerWeights:
     norm_attn: torch.Tensor
     norm_mlp: torch.Tensor
 
-    def to(self, dtype: torch.dtype) -> "LayerWeights":
+    def to(self, dtype: torch.dtype) -> LayerWeights:
         """A copy with the matrices in ``dtype`` (norms and biases stay as they are)."""
-        return LayerWeights(self.qkv.to(dtype), self.qkv_bias, self.o.to(dtype), self.o_bias, self.gate_up.to(dtype),
-                            self.gate_up_bias, self.down.to(dtype), self.down_bias, self.norm_attn, self.norm_mlp)
+        return LayerWeights(
+            self.qkv.to(dtype),
+            self.qkv_bias,
+            self.o.to(dtype),
+            self.o_bias,
+            self.gate_up.to(dtype),
+            self.gate_up_bias,
+            self.down.to(dtype),
+            self.down_bias,
+            self.norm_attn,
+            self.norm_mlp,
+        )
 
     def tensors(self) -> tuple:
         """Every field in order: the flat arguments of the compiled layer region."""
-        return (self.qkv, self.qkv_bias, self.o, self.o_bias, self.gate_up, self.gate_up_bias, self.down,
-                self.down_bias, self.norm_attn, self.norm_mlp)
+        return (
+            self.qkv,
+            self.qkv_bias,
+            self.o,
+            self.o_bias,
+            self.gate_up,
+            self.gate_up_bias,
+            self.down,
+            self.down_bias,
+            self.norm_attn,
+            self.norm_mlp,
+        )
 
     @property
     def matrices(self) -> tuple[torch.Tensor, ...]:
@@ -112,8 +129,16 @@ class AttentionPlan:
     prefill_mask: torch.Tensor | None
 
 
-def run_layers(xd: torch.Tensor | None, xp: torch.Tensor | None, rotary: tuple, layers: list, dims: Dims,
-               keys: list, values: list, plan: AttentionPlan) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+def run_layers(
+    xd: torch.Tensor | None,
+    xp: torch.Tensor | None,
+    rotary: tuple,
+    layers: list,
+    dims: Dims,
+    keys: list,
+    values: list,
+    plan: AttentionPlan,
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """Every decoder layer in turn: what ``NativeLlama`` compiles. The layer is called with flat
     arguments (tensors, ints, None) because only those let dynamo trace it once and stamp the
     trace out for the other layers; dataclass arguments make it re-trace every layer.
@@ -124,23 +149,67 @@ def run_layers(xd: torch.Tensor | None, xp: torch.Tensor | None, rotary: tuple, 
     are such sums."""
     # No Python int for the row count: it is read off decode_pos inside, so it stays the symbolic
     # size that ``mark_step_dynamic`` made it (an int would be a constant guarded per batch size).
-    shared = (dims.heads, dims.kv_heads, dims.head_dim, dims.eps, dims.decode_kernel, dims.packed_from,
-              plan.decode_first, plan.decode_pos, plan.decode_mask, plan.prefill_slots, plan.prefill_pos, plan.prefill_write, plan.prefill_mask)
+    shared = (
+        dims.heads,
+        dims.kv_heads,
+        dims.head_dim,
+        dims.eps,
+        dims.decode_kernel,
+        dims.packed_from,
+        plan.decode_first,
+        plan.decode_pos,
+        plan.decode_mask,
+        plan.prefill_slots,
+        plan.prefill_pos,
+        plan.prefill_write,
+        plan.prefill_mask,
+    )
     for i, w in enumerate(layers):
         out = _layer_region(xd, xp, *rotary, *w.tensors(), keys[i], values[i], *shared)
         xd, xp = (out[0] if xd is not None else None), (out[-1] if xp is not None else None)
     return xd, xp
 
 
-def _flat_decoder_layer(xd, xp, cos_d, sin_d, cos_p, sin_p, qkv, qkv_bias, o, o_bias, gate_up, gate_up_bias, down,
-                        down_bias, norm_attn, norm_mlp, keys, values, heads, kv_heads, head_dim, eps, decode_kernel,
-                        packed_from, decode_first, decode_pos, *rest):
+def _flat_decoder_layer(
+    xd,
+    xp,
+    cos_d,
+    sin_d,
+    cos_p,
+    sin_p,
+    qkv,
+    qkv_bias,
+    o,
+    o_bias,
+    gate_up,
+    gate_up_bias,
+    down,
+    down_bias,
+    norm_attn,
+    norm_mlp,
+    keys,
+    values,
+    heads,
+    kv_heads,
+    head_dim,
+    eps,
+    decode_kernel,
+    packed_from,
+    decode_first,
+    decode_pos,
+    *rest,
+):
     rows = 0 if decode_pos is None else decode_pos.shape[0]
-    out = decoder_layer(xd, xp, (cos_d, sin_d, cos_p, sin_p),
-                        LayerWeights(qkv, qkv_bias, o, o_bias, gate_up, gate_up_bias, down, down_bias, norm_attn,
-                                     norm_mlp),
-                        Dims(heads, kv_heads, head_dim, eps, decode_kernel, packed_from), keys, values,
-                        AttentionPlan(rows, decode_first, decode_pos, *rest))
+    out = decoder_layer(
+        xd,
+        xp,
+        (cos_d, sin_d, cos_p, sin_p),
+        LayerWeights(qkv, qkv_bias, o, o_bias, gate_up, gate_up_bias, down, down_bias, norm_attn, norm_mlp),
+        Dims(heads, kv_heads, head_dim, eps, decode_kernel, packed_from),
+        keys,
+        values,
+        AttentionPlan(rows, decode_first, decode_pos, *rest),
+    )
     return tuple(t for t in out if t is not None)  # tensors only: a None output makes the region unreusable
 
 
@@ -154,7 +223,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * (x.float() * torch.rsqrt(variance + eps)).to(x.dtype)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, packed_from: int = 0) -> torch.Tensor:
+def linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, packed_from: int = 0
+) -> torch.Tensor:
     """``x @ weight.T`` in the weight's dtype, result in ``x``'s (fp32 activations throughout).
 
     One row inside a compiled graph goes through ``streamed_matvec`` instead of the BLAS kernel;
@@ -183,7 +254,7 @@ def streamed_matvec(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     rows = weight.shape[0]
     blocks = next(b for b in (8, 4, 2, 1) if rows % b == 0)
     size = rows // blocks
-    parts = [(x[:, None, :] * weight[i * size:(i + 1) * size].to(x.dtype)).sum(-1) for i in range(blocks)]
+    parts = [(x[:, None, :] * weight[i * size : (i + 1) * size].to(x.dtype)).sum(-1) for i in range(blocks)]
     return parts[0] if blocks == 1 else torch.cat(parts, dim=-1)
 
 
@@ -194,8 +265,16 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return x * cos + rotated * sin
 
 
-def decoder_layer(xd: torch.Tensor | None, xp: torch.Tensor | None, rotary: tuple, w: LayerWeights, dims: Dims,
-                  keys: torch.Tensor, values: torch.Tensor, plan: AttentionPlan):
+def decoder_layer(
+    xd: torch.Tensor | None,
+    xp: torch.Tensor | None,
+    rotary: tuple,
+    w: LayerWeights,
+    dims: Dims,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    plan: AttentionPlan,
+):
     """One decoder layer over the step's decode rows ``xd`` [B, D] and prompt chunks ``xp``
     [n, C, D] (either may be None); ``rotary`` is their cos/sin, (cos_d, sin_d) [B, 1, d] and
     (cos_p, sin_p) [n, C, 1, d]. The projections run once over all B + n·C tokens; attention runs
@@ -209,8 +288,8 @@ def decoder_layer(xd: torch.Tensor | None, xp: torch.Tensor | None, rotary: tupl
     qkv = linear(h, w.qkv, w.qkv_bias, dims.packed_from)
     q_size, kv_size = dims.heads * dims.head_dim, dims.kv_heads * dims.head_dim
     q = qkv[:, :q_size].view(n_tokens, dims.heads, dims.head_dim)
-    k = qkv[:, q_size:q_size + kv_size].view(n_tokens, dims.kv_heads, dims.head_dim)
-    v = qkv[:, q_size + kv_size:].view(n_tokens, dims.kv_heads, dims.head_dim)
+    k = qkv[:, q_size : q_size + kv_size].view(n_tokens, dims.kv_heads, dims.head_dim)
+    v = qkv[:, q_size + kv_size :].view(n_tokens, dims.kv_heads, dims.head_dim)
     groups = dims.heads // dims.kv_heads
     # Every cache write of the step before any read: the compiled graph then updates the cache in
     # place. (A custom op reading the cache between two writes made inductor copy the whole cache
@@ -223,25 +302,34 @@ def decoder_layer(xd: torch.Tensor | None, xp: torch.Tensor | None, rotary: tupl
     if xp is not None:
         n, chunk = xp.shape[0], xp.shape[1]
         slots = plan.prefill_slots[:, None]
-        keys[slots, :, plan.prefill_write] = rotate(k[b:].view(n, chunk, dims.kv_heads, dims.head_dim), cos_p,
-                                                    sin_p).to(keys.dtype)
+        keys[slots, :, plan.prefill_write] = rotate(
+            k[b:].view(n, chunk, dims.kv_heads, dims.head_dim), cos_p, sin_p
+        ).to(keys.dtype)
         values[slots, :, plan.prefill_write] = v[b:].view(n, chunk, dims.kv_heads, dims.head_dim).to(values.dtype)
     parts = []
     if b:
-        query = rotate(q[:b], cos_d, sin_d).view(b, dims.kv_heads, groups, dims.head_dim)  # a KV head's query heads as rows
+        query = rotate(q[:b], cos_d, sin_d).view(
+            b, dims.kv_heads, groups, dims.head_dim
+        )  # a KV head's query heads as rows
         if dims.decode_kernel:  # reads each row's keys 0..position straight from its slot
-            out = torch.ops.aieng.decode_attention(query, keys, values, plan.decode_pos, first, dims.head_dim ** -0.5)
+            out = torch.ops.aieng.decode_attention(query, keys, values, plan.decode_pos, first, dims.head_dim**-0.5)
         else:
             length = plan.decode_mask.shape[-1]
-            out = F.scaled_dot_product_attention(query, keys[first:first + b, :, :length].to(query.dtype),
-                                                 values[first:first + b, :, :length].to(query.dtype),
-                                                 attn_mask=plan.decode_mask)
+            out = F.scaled_dot_product_attention(
+                query,
+                keys[first : first + b, :, :length].to(query.dtype),
+                values[first : first + b, :, :length].to(query.dtype),
+                attn_mask=plan.decode_mask,
+            )
         parts.append(out.reshape(b, q_size))
     if xp is not None:
         length = plan.prefill_mask.shape[-1]
-        query = (rotate(q[b:].view(n, chunk, dims.heads, dims.head_dim), cos_p, sin_p)
-                 .view(n, chunk, dims.kv_heads, groups, dims.head_dim)
-                 .permute(0, 2, 3, 1, 4).reshape(n, dims.kv_heads, groups * chunk, dims.head_dim))
+        query = (
+            rotate(q[b:].view(n, chunk, dims.heads, dims.head_dim), cos_p, sin_p)
+            .view(n, chunk, dims.kv_heads, groups, dims.head_dim)
+            .permute(0, 2, 3, 1, 4)
+            .reshape(n, dims.kv_heads, groups * chunk, dims.head_dim)
+        )
         mask = plan.prefill_mask.repeat(1, 1, groups, 1)
         cached_k = keys[:, :, :length].index_select(0, plan.prefill_slots).to(query.dtype)  # a bf16 cache widened
         cached_v = values[:, :, :length].index_select(0, plan.prefill_slots).to(query.dtype)
@@ -260,137 +348,3 @@ def decoder_layer(xd: torch.Tensor | None, xp: torch.Tensor | None, rotary: tupl
 # The layer as a region compiled once and reused by every layer of the compiled stack (eagerly,
 # outside torch.compile, it is just the function).
 _layer_region = torch.compiler.nested_compile_region(_flat_decoder_layer, max_reuse_entries=32)
-
-
-class NativeLlama:
-    """The weights of a transformers Llama-family model, arranged for ``decoder_layer``."""
-
-    def __init__(self, model, *, bf16_copy: bool, compile_layers: bool, decode_kernel: bool = False,
-                 packed_from: int = 0, packed_formats: frozenset[bool] = frozenset()):
-        """``packed_from``: multiply from oneDNN-packed copies of the layers' matrices in steps of
-        at least that many tokens (``FormatPlan.packed_from``; 0: never); ``packed_formats``: the
-        formats (bf16 or not) such steps run in, the only ones packed."""
-        config, inner = model.config, model.model
-        self.model = model
-        self.embed = inner.embed_tokens
-        self.rotary = inner.rotary_emb
-        self._rotary_table: tuple[torch.Tensor, torch.Tensor] | None = None  # build_rotary_table
-        self.final_norm = inner.norm.weight
-        self.final_eps = getattr(inner.norm, "variance_epsilon", config.rms_norm_eps)
-        self.lm_head = model.lm_head.weight
-        self.layers = [_layer_weights(layer) for layer in inner.layers]
-        self.dims = Dims(config.num_attention_heads, kv_heads(config), head_dim(config), config.rms_norm_eps,
-                         decode_kernel, packed_from)
-        self.layers_bf16 = [w.to(torch.bfloat16) for w in self.layers] if bf16_copy else None
-        for bf16 in packed_formats if packed_from else ():
-            for w in self.weights(bf16):
-                for matrix in w.matrices:
-                    packed_weights.pack(matrix)
-        self.dtype = self.lm_head.dtype
-        # Static by default (weights, hidden size); the step's row count and attention span, and the
-        # cache's slot count and capacity, are marked dynamic (``mark_step_dynamic``,
-        # ``mark_cache_dynamic``) so one graph serves every batch of 2+ rows.
-        # size_asserts off: inductor's Python wrapper would check every buffer's size and stride on
-        # every call (dozens per layer per step); the graph's inputs are already checked by dynamo's
-        # guards and everything inside is inductor's own layout.
-        self.compiled_stack = (torch.compile(own_copy(run_layers), dynamic=None, options={"size_asserts": False})
-                               if compile_layers else None)
-
-    @property
-    def num_layers(self) -> int:
-        return len(self.layers)
-
-    def layout(self) -> tuple:
-        """Everything the compiled stack's guards check about the weights: two models with the same
-        layout run the same graphs (weights are graph inputs, not constants)."""
-        def of(layers):
-            return None if layers is None else (tuple((t.shape, t.dtype) for t in layers[0].matrices), layers[0].biased)
-        return self.dims, self.num_layers, self.dtype, of(self.layers), of(self.layers_bf16)
-
-    def share_graphs(self, other: "NativeLlama") -> bool:
-        """Use ``other``'s compiled stack when the layouts match: a hot swap to a version of the
-        same architecture then warms up without tracing or compiling anything."""
-        if self.compiled_stack is None or other.compiled_stack is None or self.layout() != other.layout():
-            return False
-        self.compiled_stack = other.compiled_stack
-        return True
-
-    def weights(self, bf16: bool) -> list[LayerWeights]:
-        return self.layers_bf16 if bf16 and self.layers_bf16 is not None else self.layers
-
-    def hidden(self, plan: AttentionPlan, cache, decode_tokens: torch.Tensor | None,
-               prefill_tokens: torch.Tensor | None, prefill_positions: torch.Tensor | None, *,
-               bf16: bool, compiled: bool) -> torch.Tensor:
-        """Run every layer over the decode tokens [B] (at ``plan.decode_pos``) and the prompt
-        chunks' tokens [n, C] at rotary positions [n, C]; the final hidden states [B + n·C, D],
-        decode rows first, then the chunks row by row."""
-        xd = xp = cos_d = sin_d = cos_p = sin_p = None
-        if decode_tokens is not None:
-            xd = self.embed(decode_tokens)
-            cos_d, sin_d = self.rotary_at(xd, plan.decode_pos)
-        if prefill_tokens is not None:
-            xp = self.embed(prefill_tokens)
-            n, chunk = prefill_tokens.shape
-            cos_p, sin_p = (t.view(n, chunk, 1, -1) for t in self.rotary_at(xp.flatten(0, 1), prefill_positions.flatten()))
-        rotary = (cos_d, sin_d, cos_p, sin_p)
-        layers = self.weights(bf16)
-        if compiled and self.compiled_stack is not None:
-            mark_step_dynamic(xd, xp, rotary, plan)
-            xd, xp = self.compiled_stack(xd, xp, rotary, layers, self.dims, cache.keys, cache.values, plan)
-        else:
-            for i, w in enumerate(layers):
-                xd, xp = decoder_layer(xd, xp, rotary, w, self.dims, cache.keys[i], cache.values[i], plan)
-        if xp is None:
-            return xd
-        return xp.flatten(0, 1) if xd is None else torch.cat([xd, xp.flatten(0, 1)])
-
-    def rotary_at(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin [N, 1, d] at ``positions``: rows of the table when there is one, else the
-        model's rotary module (whose forward costs a few kernels per step: a large share of a
-        small model's step)."""
-        if self._rotary_table is not None:
-            return self._rotary_table[0][positions], self._rotary_table[1][positions]
-        cos, sin = self.rotary(x[None], positions[None])
-        return cos[0, :, None, :], sin[0, :, None, :]
-
-    def build_rotary_table(self, positions: int) -> None:
-        """Precompute cos/sin for positions ``0..positions-1`` with the model's own rotary module
-        (the runner passes its cache capacity: no position it writes reaches it). Not for rotary types whose frequencies depend on the sequence's length (dynamic NTK,
-        longrope): those keep computing per step."""
-        if getattr(self.rotary, "rope_type", "default") in ("dynamic", "longrope"):
-            return
-        with torch.inference_mode():
-            probe = torch.zeros(1, 1, dtype=self.dtype, device=self.lm_head.device)
-            cos, sin = self.rotary(probe, torch.arange(positions, device=probe.device)[None])
-        self._rotary_table = (cos[0, :, None, :].contiguous(), sin[0, :, None, :].contiguous())
-
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return F.linear(rms_norm(hidden, self.final_norm, self.final_eps), self.lm_head).float()
-
-
-def _fuse(modules, attribute: str) -> torch.Tensor | None:
-    """Concatenate the modules' weights (or biases) and make the modules views of the result, so
-    the transformers model keeps working (reference checks, evaluation) without a second copy."""
-    tensors = [getattr(m, attribute) for m in modules]
-    if tensors[0] is None:
-        return None
-    fused = torch.cat([t.detach() for t in tensors]).contiguous()
-    start = 0
-    for module, t in zip(modules, tensors):
-        setattr(module, attribute, torch.nn.Parameter(fused[start:start + t.shape[0]], requires_grad=False))
-        start += t.shape[0]
-    return fused
-
-
-def _layer_weights(layer) -> LayerWeights:
-    """The layer's weights and every bias its modules carry (None where a module has none)."""
-    attn, mlp = layer.self_attn, layer.mlp
-    qkv, gate_up = (attn.q_proj, attn.k_proj, attn.v_proj), (mlp.gate_proj, mlp.up_proj)
-    return LayerWeights(_fuse(qkv, "weight"), _fuse(qkv, "bias"), attn.o_proj.weight.detach(), _bias(attn.o_proj),
-                        _fuse(gate_up, "weight"), _fuse(gate_up, "bias"), mlp.down_proj.weight.detach(),
-                        _bias(mlp.down_proj), layer.input_layernorm.weight.detach(),
-                        layer.post_attention_layernorm.weight.detach())
-
-
-def _bias(module) -> torch.Tensor | None:
-    return None if module.bias is None else module.bias.detach()

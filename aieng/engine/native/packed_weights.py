@@ -37,8 +37,11 @@ PACK_ROWS_HINT = 32  # the row count oneDNN picks the blocked layout for (it ser
 
 def available() -> bool:
     """Whether this PyTorch has oneDNN's packed linear (CPU builds with mkldnn)."""
-    return (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
-            and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+    return (
+        torch.backends.mkldnn.is_available()
+        and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+        and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    )
 
 
 @functools.cache
@@ -67,8 +70,9 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
     is dropped when ``weight`` is freed, so a swapped-out model takes its copies with it and a new
     tensor at the same address never meets a stale one."""
     if weight.dtype not in (torch.float32, torch.bfloat16) or weight.device.type != "cpu" or weight.dim() != 2:
-        raise ValueError(f"only 2-D fp32 or bf16 CPU weights are packed, not {weight.dtype} {tuple(weight.shape)} "
-                         f"on {weight.device}")
+        raise ValueError(
+            f"only 2-D fp32 or bf16 CPU weights are packed, not {weight.dtype} {tuple(weight.shape)} on {weight.device}"
+        )
     with torch.inference_mode():
         packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), PACK_ROWS_HINT)
     key = _key(weight)

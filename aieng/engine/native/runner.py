@@ -17,16 +17,17 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from aieng.engine.decisions import dtype_name, kv_why, setting_said
 from aieng.engine.native import graphs, kernels
 from aieng.engine.native.compile_marks import mark_cache_dynamic
 from aieng.engine.native.formats import FormatPlan
 from aieng.engine.native.graphs import GraphShape
-from aieng.engine.native.llama import AttentionPlan, NativeLlama, causal_decode_mask
+from aieng.engine.native.llama import AttentionPlan, causal_decode_mask
+from aieng.engine.native.model import NativeLlama
+from aieng.engine.native.slots import SlotKVCache, SlotShape, kv_dtype, plan_slots
 from aieng.engine.oom import is_out_of_memory, release_cached_memory
-from aieng.engine.decisions import dtype_name, kv_why, setting_said
 from aieng.engine.runner import Chunk, RunnerChoices, StepLogits
 from aieng.model_facts import head_dim
-from aieng.engine.native.slots import SlotKVCache, SlotShape, kv_dtype, plan_slots
 
 log = logging.getLogger("aieng.engine")
 
@@ -38,10 +39,20 @@ class NativeRunner:
     chunked = True
     path_reason = "the native forward implements every option of this config"
 
-    def __init__(self, model, *, context_length: int, max_rows: int, kv_cache_bytes: int,
-                 formats: FormatPlan, compile_layers: bool, decode_attention: str = "auto",
-                 kv_cache_dtype: str = "model", graphs_from: "NativeRunner | None" = None,
-                 cache_from_replaced: bool = False):
+    def __init__(
+        self,
+        model,
+        *,
+        context_length: int,
+        max_rows: int,
+        kv_cache_bytes: int,
+        formats: FormatPlan,
+        compile_layers: bool,
+        decode_attention: str = "auto",
+        kv_cache_dtype: str = "model",
+        graphs_from: NativeRunner | None = None,
+        cache_from_replaced: bool = False,
+    ):
         """``graphs_from``: the runner of the engine this one replaces (same weight layout, and
         ``formats`` is its plan): its bf16 choice, timing and compiled stack are taken as they are.
         ``cache_from_replaced``: allocate no KV cache; a hot swap hands this runner part of
@@ -54,35 +65,56 @@ class NativeRunner:
         bf16_copy = formats.uses_bf16 or (formats.measured and compile_layers)
         if graphs_from is not None:
             bf16_copy = graphs_from.net.layers_bf16 is not None
-        decode_kernel = (decode_attention == "auto" and self.device.type == "cpu"
-                         and kernels.supports(head_dim(model.config))
-                         and kernels.load() is None)
+        decode_kernel = (
+            decode_attention == "auto"
+            and self.device.type == "cpu"
+            and kernels.supports(head_dim(model.config))
+            and kernels.load() is None
+        )
         packed_from = formats.packed_from if self.device.type == "cpu" else 0
-        self.net = NativeLlama(model, bf16_copy=bf16_copy, compile_layers=compile_layers, decode_kernel=decode_kernel,
-                               packed_from=packed_from, packed_formats=frozenset(formats.formats_from(packed_from)))
+        self.net = NativeLlama(
+            model,
+            bf16_copy=bf16_copy,
+            compile_layers=compile_layers,
+            decode_kernel=decode_kernel,
+            packed_from=packed_from,
+            packed_formats=frozenset(formats.formats_from(packed_from)),
+        )
         self.net.build_rotary_table(context_length + 1)  # + the scratch column
         dims = self.net.dims
-        shape = SlotShape(self.net.num_layers, dims.kv_heads, dims.head_dim,
-                          kv_dtype(kv_cache_dtype, self.net.dtype, one_row_bf16=formats.use_bf16(1),
-                                   decode_kernel=decode_kernel))
+        shape = SlotShape(
+            self.net.num_layers,
+            dims.kv_heads,
+            dims.head_dim,
+            kv_dtype(kv_cache_dtype, self.net.dtype, one_row_bf16=formats.use_bf16(1), decode_kernel=decode_kernel),
+        )
         donor = graphs_from.cache if graphs_from is not None and cache_from_replaced else None
         self.awaits_cache = donor is not None and donor.shape == shape and donor.capacity == context_length
         # The rows it serves once warm (the graphs are built for them): a successor holds 0 until the swap.
         self.planned_rows = donor.slots if self.awaits_cache else 0
         if self.awaits_cache:  # 0 slots until succession.take_cache
-            self.cache = SlotKVCache.over(shape, [t[:0] for t in donor.keys], [t[:0] for t in donor.values],
-                                          capacity=context_length)
+            self.cache = SlotKVCache.over(
+                shape, [t[:0] for t in donor.keys], [t[:0] for t in donor.values], capacity=context_length
+            )
         else:
             rows = plan_slots(shape, budget_bytes=kv_cache_bytes, capacity=context_length, max_rows=max_rows)
             self.cache = SlotKVCache(shape, slots=rows, capacity=context_length, device=self.device)
             mark_cache_dynamic(self.cache)
             self.planned_rows = rows
-        log.info("KV cache: %d rows of %d tokens in %s (%.0f MiB); decode attention: %s", self.planned_rows,
-                 context_length, str(shape.dtype).removeprefix("torch."),
-                 shape.bytes_per_token() * (context_length + 1) * self.planned_rows / 2**20,
-                 "aieng's CPU kernel" if decode_kernel else "PyTorch SDPA",
-                 extra={"event": "engine_kv_cache", "rows": self.planned_rows, "dtype": str(shape.dtype),
-                        "decode_kernel": decode_kernel})
+        log.info(
+            "KV cache: %d rows of %d tokens in %s (%.0f MiB); decode attention: %s",
+            self.planned_rows,
+            context_length,
+            str(shape.dtype).removeprefix("torch."),
+            shape.bytes_per_token() * (context_length + 1) * self.planned_rows / 2**20,
+            "aieng's CPU kernel" if decode_kernel else "PyTorch SDPA",
+            extra={
+                "event": "engine_kv_cache",
+                "rows": self.planned_rows,
+                "dtype": str(shape.dtype),
+                "decode_kernel": decode_kernel,
+            },
+        )
         self.formats = formats
         self.timed_one_row_bf16: bool | None = None  # what build_graphs measured, when it did
         self.successor = graphs_from is not None  # its process already ran every kernel this one runs
@@ -113,15 +145,25 @@ class NativeRunner:
 
     def describe(self, config) -> RunnerChoices:
         one_row = "bf16" if self.one_row_bf16 else "fp32"
-        weights = (f"{self.formats.describe()}; one-row steps in {one_row} "
-                   f"({setting_said('AIENG_WEIGHT_FORMATS', config.weight_formats)})")
+        weights = (
+            f"{self.formats.describe()}; one-row steps in {one_row} "
+            f"({setting_said('AIENG_WEIGHT_FORMATS', config.weight_formats)})"
+        )
         cache, kernel = self.cache, self.net.dims.decode_kernel
         kv_bytes = cache.shape.bytes_per_token() * (cache.capacity + 1) * self.planned_rows
-        kv = f"{dtype_name(cache.shape.dtype)}, {self.planned_rows} rows x {cache.capacity} tokens ({kv_bytes / 2**20:.0f} MiB)"
-        return RunnerChoices(weights, kv, kv_why(config, cache.shape.dtype, self.net.dtype, kernel),
-                             "aieng's CPU kernel" if kernel else "PyTorch SDPA",
-                             "on: the decoder layer, one graph per step shape, built at warm-up" if config.compile
-                             else "off (AIENG_COMPILE=0)")
+        kv = (
+            f"{dtype_name(cache.shape.dtype)}, {self.planned_rows} rows x {cache.capacity} tokens "
+            f"({kv_bytes / 2**20:.0f} MiB)"
+        )
+        return RunnerChoices(
+            weights,
+            kv,
+            kv_why(config, cache.shape.dtype, self.net.dtype, kernel),
+            "aieng's CPU kernel" if kernel else "PyTorch SDPA",
+            "on: the decoder layer, one graph per step shape, built at warm-up"
+            if config.compile
+            else "off (AIENG_COMPILE=0)",
+        )
 
     @property
     def one_row_bf16(self) -> bool:
@@ -185,7 +227,9 @@ class NativeRunner:
     def _after_oom(self, chunks: Sequence[Chunk], decode_tokens: Sequence[int]) -> StepLogits:
         """Out of memory: prefill and decode apart, each bisected; what fails alone is reported."""
         result = StepLogits()
-        result.decode = self._decode_bisect(list(decode_tokens), first=0, failed=result.failed) if decode_tokens else None
+        result.decode = (
+            self._decode_bisect(list(decode_tokens), first=0, failed=result.failed) if decode_tokens else None
+        )
         rows = [lg for _, lg in self._prefill_bisect(list(chunks), result.failed)]
         result.prefill = torch.cat(rows) if rows else None
         return result
@@ -197,7 +241,7 @@ class NativeRunner:
         try:
             _, logits = self._run(chunks, (), first=0)
             enders = [c for c in chunks if c.last]
-            return [(c, logits[i:i + 1]) for i, c in enumerate(enders)]
+            return [(c, logits[i : i + 1]) for i, c in enumerate(enders)]
         except Exception as exc:
             if not is_out_of_memory(exc):
                 raise
@@ -222,27 +266,40 @@ class NativeRunner:
                 failed[self.cache.decoding[first]] = exc
                 return torch.full((1, self.net.lm_head.shape[0]), float("nan"))
             half = len(tokens) // 2
-            return torch.cat([self._decode_bisect(tokens[:half], first=first, failed=failed),
-                              self._decode_bisect(tokens[half:], first=first + half, failed=failed)])
+            return torch.cat(
+                [
+                    self._decode_bisect(tokens[:half], first=first, failed=failed),
+                    self._decode_bisect(tokens[half:], first=first + half, failed=failed),
+                ]
+            )
 
     def _run(self, chunks: Sequence[Chunk], decode_tokens: Sequence[int], *, first: int):
         cache, device = self.cache, self.device
         b = len(decode_tokens)
         decode_pos = decode_mask = tokens = None
         if b:
-            lengths = cache.lengths[first:first + b]
+            lengths = cache.lengths[first : first + b]
             decode_pos = torch.tensor(lengths, device=device)
             decode_mask = causal_decode_mask(decode_pos, span=max(lengths) + 1)
             tokens = torch.tensor(list(decode_tokens), dtype=torch.long, device=device)
         prefill = self._prefill_tensors(chunks) if chunks else {}
-        plan = AttentionPlan(b, first, decode_pos, decode_mask, prefill.get("slots"), prefill.get("pos"),
-                             prefill.get("write"), prefill.get("mask"))
+        plan = AttentionPlan(
+            b,
+            first,
+            decode_pos,
+            decode_mask,
+            prefill.get("slots"),
+            prefill.get("pos"),
+            prefill.get("write"),
+            prefill.get("mask"),
+        )
         n_tokens = b + len(chunks) * prefill.get("width", 0)
         graph = self._graph_for(b, len(chunks), n_tokens, first)
         bf16 = graph.bf16 if graph else self.formats.use_bf16(n_tokens)
         self.steps_by_graph[graph] += 1
-        hidden = self._layers(plan, tokens, prefill.get("tokens"), prefill.get("rotary_pos"), bf16=bf16,
-                              compiled=graph is not None)
+        hidden = self._layers(
+            plan, tokens, prefill.get("tokens"), prefill.get("rotary_pos"), bf16=bf16, compiled=graph is not None
+        )
         # Only now, with the forward done, do the rows' lengths move: a failed call changes nothing.
         for slot in range(first, first + b):
             cache.lengths[slot] += 1
@@ -284,9 +341,15 @@ class NativeRunner:
         pos_t = torch.tensor(pos, device=device)
         span = max(c.start + len(c.token_ids) for c in chunks)
         mask = (torch.arange(span, device=device)[None, None, :] <= pos_t[:, :, None])[:, None]
-        return {"slots": torch.tensor(slots, device=device), "pos": pos_t, "write": torch.tensor(write, device=device),
-                "mask": mask, "width": width, "tokens": torch.tensor(tokens, dtype=torch.long, device=device),
-                "rotary_pos": torch.tensor(rotary_pos, device=device)}
+        return {
+            "slots": torch.tensor(slots, device=device),
+            "pos": pos_t,
+            "write": torch.tensor(write, device=device),
+            "mask": mask,
+            "width": width,
+            "tokens": torch.tensor(tokens, dtype=torch.long, device=device),
+            "rotary_pos": torch.tensor(rotary_pos, device=device),
+        }
 
     def _layers(self, plan, *tokens, bf16: bool, compiled: bool) -> torch.Tensor:
         if not compiled:
@@ -294,8 +357,11 @@ class NativeRunner:
         try:
             return self.net.hidden(plan, self.cache, *tokens, bf16=bf16, compiled=True)
         except torch._dynamo.exc.TorchDynamoException as exc:  # includes inductor's errors
-            log.warning("the compiled decoder layer failed (%s); continuing eagerly", str(exc).splitlines()[0],
-                        extra={"event": "engine_compile_fallback"})
+            log.warning(
+                "the compiled decoder layer failed (%s); continuing eagerly",
+                str(exc).splitlines()[0],
+                extra={"event": "engine_compile_fallback"},
+            )
             self.compile_failed = True
             return self.net.hidden(plan, self.cache, *tokens, bf16=bf16, compiled=False)
 

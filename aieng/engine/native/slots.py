@@ -57,9 +57,11 @@ def plan_slots(shape: SlotShape, *, budget_bytes: int, capacity: int, max_rows: 
     rows = min(max_rows, budget_bytes // per_row)
     if rows < 1:
         need = per_row / 2**20
-        raise AiengError(f"the KV cache budget ({budget_bytes / 2**20:.0f} MiB) does not hold one row of "
-                         f"{capacity} tokens ({need:.0f} MiB): raise AIENG_KV_CACHE_MB or serve a shorter context",
-                         code="kv_budget_too_small")
+        raise AiengError(
+            f"the KV cache budget ({budget_bytes / 2**20:.0f} MiB) does not hold one row of "
+            f"{capacity} tokens ({need:.0f} MiB): raise AIENG_KV_CACHE_MB or serve a shorter context",
+            code="kv_budget_too_small",
+        )
     return int(rows)
 
 
@@ -85,8 +87,9 @@ class SlotKVCache:
         self.decoding: list[str] = []  # ids of the decoding rows: slot i holds decoding[i]
 
     @classmethod
-    def over(cls, shape: SlotShape, keys: list[torch.Tensor], values: list[torch.Tensor], *,
-             capacity: int) -> "SlotKVCache":
+    def over(
+        cls, shape: SlotShape, keys: list[torch.Tensor], values: list[torch.Tensor], *, capacity: int
+    ) -> SlotKVCache:
         """A cache on memory that already exists (per-layer tensors, or views of another cache's),
         every slot free: how a hot swap's new engine works in the serving engine's KV memory."""
         cache = cls.__new__(cls)
@@ -111,7 +114,7 @@ class SlotKVCache:
             index = torch.tensor(order, device=self.keys[0].device)
             for t in self.keys + self.values:
                 if n:  # gathered (a copy) first, so targets may overlap the sources
-                    t[start:start + len(rows), :, :n] = t[:, :, :n].index_select(0, index)
+                    t[start : start + len(rows), :, :n] = t[:, :, :n].index_select(0, index)
         lengths = [self.lengths[self.slot_of[r]] for r in rows]
         below = [t[:start] for t in self.keys], [t[:start] for t in self.values]
         self.keys, self.values = [t[start:] for t in self.keys], [t[start:] for t in self.values]

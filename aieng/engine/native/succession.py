@@ -81,8 +81,9 @@ def hand_over_cache(old_engine, *, queued: int) -> CacheHandover:
 def take_cache(engine, handover: CacheHandover) -> None:
     """Before the successor's thread starts: its cache is the slots the old engine gave up."""
     runner = engine.runner
-    runner.cache = SlotKVCache.over(runner.cache.shape, handover.free_keys, handover.free_values,
-                                    capacity=runner.cache.capacity)
+    runner.cache = SlotKVCache.over(
+        runner.cache.shape, handover.free_keys, handover.free_values, capacity=runner.cache.capacity
+    )
     mark_cache_dynamic(runner.cache)
     runner.awaits_cache = False
 

@@ -26,17 +26,26 @@ from aieng.server.http.middleware import BodySizeLimitMiddleware, RequestContext
 from aieng.server.http.output_guard import OutputGuard
 from aieng.server.http.replies import ReplyOptions, reply_choices
 from aieng.server.http.request_log import log_finished
-from aieng.server.http.schemas import (ChatCompletionRequest, ChatCompletionResponse, CompletionRequest,
-                                       CompletionResponse, ModelCard, ModelList, Usage)
+from aieng.server.http.schemas import (
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    CompletionRequest,
+    CompletionResponse,
+    ModelCard,
+    ModelList,
+    Usage,
+)
 from aieng.server.http.sse import stream_chunks
 from aieng.server.process.canary_serving import pick
 
 CLIENT_CLOSED_REQUEST = 499  # nginx's code for "the client went away"; nobody reads the body
 
 
-def create_app(runtime, *, max_body_bytes: int = 1_000_000, body_timeout_s: float = 0.0,
-               start_runtime: bool = True) -> FastAPI:
+def create_app(
+    runtime, *, max_body_bytes: int = 1_000_000, body_timeout_s: float = 0.0, start_runtime: bool = True
+) -> FastAPI:
     """``runtime``: the process's ``aieng.server.process.runtime.Runtime`` (model, scheduler, readiness)."""
+
     @contextlib.asynccontextmanager
     async def lifespan(_app):
         if start_runtime:
@@ -63,9 +72,17 @@ def create_app(runtime, *, max_body_bytes: int = 1_000_000, body_timeout_s: floa
     @app.get("/v1/models")
     async def models() -> ModelList:
         template = runtime.serving.template if runtime.serving is not None else {}
-        return ModelList(data=[ModelCard(id=runtime.model_name, created=int(runtime.started_at),
-                                         version=runtime.model_version, template_version=template.get("version"),
-                                         template_sha256=template.get("sha256"))])
+        return ModelList(
+            data=[
+                ModelCard(
+                    id=runtime.model_name,
+                    created=int(runtime.started_at),
+                    version=runtime.model_version,
+                    template_version=template.get("version"),
+                    template_sha256=template.get("sha256"),
+                )
+            ]
+        )
 
     @app.get("/metrics")
     def metrics():  # a plain def: FastAPI runs it on a thread, so reading every process's metric
@@ -86,15 +103,17 @@ def create_app(runtime, *, max_body_bytes: int = 1_000_000, body_timeout_s: floa
         await runtime.wait_ready()
         _check_common(runtime, body)
         serving, submission = await _submit(runtime, body, lambda s: s.inputs.chat(body), request)
-        return await _respond(runtime, serving, submission, request, body, chat=True,
-                              prompt=[m.model_dump() for m in body.messages])
+        return await _respond(
+            runtime, serving, submission, request, body, chat=True, prompt=[m.model_dump() for m in body.messages]
+        )
 
     if runtime.settings.admin_token:  # no token, no admin routes: they answer 404 like any unknown path
         install_admin_routes(app, runtime)
 
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=max_body_bytes, timeout_s=body_timeout_s)
-    app.add_middleware(RequestContextMiddleware, metrics_enabled=runtime.settings.metrics,
-                       model_version=lambda: runtime.model_version)
+    app.add_middleware(
+        RequestContextMiddleware, metrics_enabled=runtime.settings.metrics, model_version=lambda: runtime.model_version
+    )
     return app
 
 
@@ -119,8 +138,9 @@ async def _submit(runtime, body, build, request: Request):
 def _check_common(runtime, body) -> None:
     runtime.require_ready()
     if body.model.split("@", 1)[0] != runtime.model_name:  # a version after @ is checked by canary.pick
-        raise ModelNotFoundError(f"model {body.model!r} is not served here; this server serves {runtime.model_name!r}",
-                                 param="model")
+        raise ModelNotFoundError(
+            f"model {body.model!r} is not served here; this server serves {runtime.model_name!r}", param="model"
+        )
 
 
 def _guarded_text(body, *, chat: bool) -> str:
@@ -145,31 +165,52 @@ async def _respond(runtime, serving, submission, request: Request, body, *, chat
     texts = serving.inputs.token_texts if submission.request.params.logprobs is not None else None
     echo = single_prompt(body.prompt) if not chat and body.echo else ""
     scored = submission.request.prompt_ids if submission.request.params.prompt_logprobs is not None else ()
-    options = ReplyOptions(chat=chat, texts=texts, echo=echo, scored=scored, guard=guard, guard_prompt=guard_prompt,
-                           constrained=constrained, trace_id=trace_id, context_ids=submission.request.prompt_ids,
-                           prompt_ids=submission.request.prompt_ids if body.return_token_ids else None)
+    options = ReplyOptions(
+        chat=chat,
+        texts=texts,
+        echo=echo,
+        scored=scored,
+        guard=guard,
+        guard_prompt=guard_prompt,
+        constrained=constrained,
+        trace_id=trace_id,
+        context_ids=submission.request.prompt_ids,
+        prompt_ids=submission.request.prompt_ids if body.return_token_ids else None,
+    )
     if body.stream:
         include_usage = bool((body.stream_options or {}).get("include_usage"))
 
         async def chunks():
             try:
-                async for chunk in stream_chunks(bridge.events(submission), options, response_id=response_id,
-                                                 created=created, model=runtime.model_name,
-                                                 include_usage=include_usage, n=submission.request.params.n):
+                async for chunk in stream_chunks(
+                    bridge.events(submission),
+                    options,
+                    response_id=response_id,
+                    created=created,
+                    model=runtime.model_name,
+                    include_usage=include_usage,
+                    n=submission.request.params.n,
+                ):
                     yield chunk
             finally:
                 log_finished(submission, route=route, prompt=prompt, payload_sample=sample, served_by=served_by)
 
-        return StreamingResponse(chunks(), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **headers})
+        return StreamingResponse(
+            chunks(),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **headers},
+        )
     final = await unless_disconnected(bridge.result(submission), request.receive)
     log_finished(submission, route=route, prompt=prompt, payload_sample=sample, served_by=served_by)
     if final is None:
         return Response(status_code=CLIENT_CLOSED_REQUEST, headers=headers)
     if final.error is not None:
         raise final.error
-    usage = Usage(prompt_tokens=final.prompt_tokens, completion_tokens=final.completion_tokens,
-                  total_tokens=final.prompt_tokens + final.completion_tokens)
+    usage = Usage(
+        prompt_tokens=final.prompt_tokens,
+        completion_tokens=final.completion_tokens,
+        total_tokens=final.prompt_tokens + final.completion_tokens,
+    )
     choices, verdict = reply_choices(submission, options)
     if verdict is not None:
         headers["X-Output-Guard"] = f"{verdict.check}; action={verdict.action}"

@@ -87,8 +87,9 @@ class EventQueue(asyncio.Queue):
 
 
 class Bridge:
-    def __init__(self, scheduler: Scheduler, *, metrics_enabled: bool = True, version: str = "",
-                 buffer_events: int = 0):
+    def __init__(
+        self, scheduler: Scheduler, *, metrics_enabled: bool = True, version: str = "", buffer_events: int = 0
+    ):
         self.scheduler = scheduler
         self.version = version  # the label of this version's request metrics
         self.metrics_enabled = metrics_enabled
@@ -100,12 +101,16 @@ class Bridge:
         loop = asyncio.get_running_loop()
 
         def overflow() -> AiengError:
-            log.warning("a client reads its stream too slowly: %d tokens wait for it; cancelling the request",
-                        self.buffer_events, extra={"event": "slow_client", "phase": "stream",
-                                                   "trace_id": request.trace_id})
+            log.warning(
+                "a client reads its stream too slowly: %d tokens wait for it; cancelling the request",
+                self.buffer_events,
+                extra={"event": "slow_client", "phase": "stream", "trace_id": request.trace_id},
+            )
             self.scheduler.cancel(request.request_id)
-            return StreamBufferFullError(f"the client read its stream too slowly: {self.buffer_events} tokens were "
-                                         "waiting for it (AIENG_STREAM_BUFFER_EVENTS); the request was cancelled")
+            return StreamBufferFullError(
+                f"the client read its stream too slowly: {self.buffer_events} tokens were "
+                "waiting for it (AIENG_STREAM_BUFFER_EVENTS); the request was cancelled"
+            )
 
         queue = EventQueue(self.buffer_events, overflow)
         mailbox = self._mailboxes.get(loop)
@@ -117,8 +122,13 @@ class Bridge:
 
         submitted = time.perf_counter()
         queued = self.scheduler.submit(request, sink, priority=priority, timeout=timeout)
-        metrics = ClientMetrics(priority=priority, max_tokens=request.params.max_tokens, submitted=submitted,
-                                version=self.version, enabled=self.metrics_enabled)
+        metrics = ClientMetrics(
+            priority=priority,
+            max_tokens=request.params.max_tokens,
+            submitted=submitted,
+            version=self.version,
+            enabled=self.metrics_enabled,
+        )
         return Submission(request, queued, queue, metrics, submitted=submitted)
 
     async def events(self, submission: Submission) -> AsyncIterator[TokenEvent]:

@@ -9,8 +9,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from aieng.observability import metrics
 from aieng.errors import AiengError, InvalidRequestError
+from aieng.observability import metrics
 
 log = logging.getLogger("aieng.server")
 
@@ -26,8 +26,11 @@ _TYPE_TAGS = {"str", "int", "float", "bool", "none", "list", "dict", "literal"}
 
 def _field_path(loc) -> list[str]:
     """The field's path without pydantic's union-branch tags (``function-after[...]``, ``str``, ``list[str]``)."""
-    return [str(part) for part in loc if part != "body" and not (
-        isinstance(part, str) and ("[" in part or "(" in part or part.lower() in _TYPE_TAGS))]
+    return [
+        str(part)
+        for part in loc
+        if part != "body" and not (isinstance(part, str) and ("[" in part or "(" in part or part.lower() in _TYPE_TAGS))
+    ]
 
 
 def _describe_validation(exc: RequestValidationError) -> InvalidRequestError:

@@ -41,8 +41,9 @@ class RequestBuilder:
         scoring = body.logprobs if body.echo else None  # echo + logprobs: the prompt's logprobs too
 
         def build() -> GenerationRequest:
-            return self._request(self.encode(prompt), body, body.max_tokens, logprobs=body.logprobs,
-                                 prompt_logprobs=scoring)
+            return self._request(
+                self.encode(prompt), body, body.max_tokens, logprobs=body.logprobs, prompt_logprobs=scoring
+            )
 
         return await asyncio.to_thread(build)
 
@@ -59,30 +60,51 @@ class RequestBuilder:
 
         return await asyncio.to_thread(build)
 
-    def _request(self, ids: list[int], body, max_tokens: int, *, logprobs: int | None,
-                 prompt_logprobs: int | None = None) -> GenerationRequest:
+    def _request(
+        self, ids: list[int], body, max_tokens: int, *, logprobs: int | None, prompt_logprobs: int | None = None
+    ) -> GenerationRequest:
         params = replace(sampling_params(body, max_tokens, logprobs), prompt_logprobs=prompt_logprobs)
         validate_request(len(ids), params, self.context_length)
         unknown = [token for token, _ in params.logit_bias if token >= self.vocab_size]
         if unknown:
-            raise InvalidRequestError(f"logit_bias names token ids this model does not have: {unknown[:5]} (its "
-                                      f"vocabulary has {self.vocab_size})", param="logit_bias")
+            raise InvalidRequestError(
+                f"logit_bias names token ids this model does not have: {unknown[:5]} (its "
+                f"vocabulary has {self.vocab_size})",
+                param="logit_bias",
+            )
         if params.n > self.max_rows:
-            raise InvalidRequestError(f"n must be at most {self.max_rows} here: each choice is a row of the batch "
-                                      f"and this server runs {self.max_rows}", param="n")
-        matcher = self.constraints.matcher(params.constraint) if params.constraint else None  # compiled here, not on the engine thread
+            raise InvalidRequestError(
+                f"n must be at most {self.max_rows} here: each choice is a row of the batch "
+                f"and this server runs {self.max_rows}",
+                param="n",
+            )
+        matcher = (
+            self.constraints.matcher(params.constraint) if params.constraint else None
+        )  # compiled here, not on the engine thread
         context = tracing.current.get()
-        return GenerationRequest(uuid.uuid4().hex, ids, params, trace_id=context.trace_id if context else None,
-                                 matcher=matcher)
+        return GenerationRequest(
+            uuid.uuid4().hex, ids, params, trace_id=context.trace_id if context else None, matcher=matcher
+        )
 
 
 def sampling_params(body, max_tokens: int, logprobs: int | None = None) -> SamplingParams:
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
-    return SamplingParams(max_tokens=max_tokens, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
-                          repetition_penalty=body.repetition_penalty, seed=body.seed, stop=stop,
-                          ignore_eos=body.ignore_eos, logprobs=logprobs, constraint=constraint_of(body), n=body.n,
-                          presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty,
-                          logit_bias=logit_bias(body.logit_bias))
+    return SamplingParams(
+        max_tokens=max_tokens,
+        temperature=body.temperature,
+        top_p=body.top_p,
+        top_k=body.top_k,
+        repetition_penalty=body.repetition_penalty,
+        seed=body.seed,
+        stop=stop,
+        ignore_eos=body.ignore_eos,
+        logprobs=logprobs,
+        constraint=constraint_of(body),
+        n=body.n,
+        presence_penalty=body.presence_penalty,
+        frequency_penalty=body.frequency_penalty,
+        logit_bias=logit_bias(body.logit_bias),
+    )
 
 
 def logit_bias(bias: dict[str, float] | None) -> tuple[tuple[int, float], ...]:
@@ -104,8 +126,10 @@ def constraint_of(body) -> Constraint | None:
         found.append(Constraint("json_object"))
     elif fmt is not None and fmt.type == "json_schema":
         if fmt.json_schema is None:
-            raise InvalidRequestError("response_format of type json_schema needs json_schema: {name, schema}",
-                                      param="response_format.json_schema")
+            raise InvalidRequestError(
+                "response_format of type json_schema needs json_schema: {name, schema}",
+                param="response_format.json_schema",
+            )
         found.append(Constraint.json_schema(fmt.json_schema.schema_, "response_format.json_schema.schema"))
     sources = [("guided_", body.guided_json, body.guided_regex, body.guided_choice)]
     if (outputs := body.structured_outputs) is not None:
@@ -118,8 +142,10 @@ def constraint_of(body) -> Constraint | None:
         if choice is not None:
             found.append(Constraint.choice(choice, prefix + "choice"))
     if len(found) > 1:
-        raise InvalidRequestError(f"at most one output constraint per request, got {len(found)}: "
-                                  + ", ".join(c.param for c in found), param=found[1].param)
+        raise InvalidRequestError(
+            f"at most one output constraint per request, got {len(found)}: " + ", ".join(c.param for c in found),
+            param=found[1].param,
+        )
     return found[0] if found else None
 
 
@@ -135,8 +161,9 @@ def _schema(schema, param: str):
 def single_prompt(prompt: str | list[str]) -> str:
     if isinstance(prompt, list):
         if len(prompt) != 1:
-            raise InvalidRequestError(f"prompt must be a string or a list of one string, got a list of {len(prompt)}",
-                                      param="prompt")
+            raise InvalidRequestError(
+                f"prompt must be a string or a list of one string, got a list of {len(prompt)}", param="prompt"
+            )
         prompt = prompt[0]
     if not prompt:
         raise InvalidRequestError("prompt must not be empty", param="prompt")

@@ -54,13 +54,25 @@ def chat_logprobs(items: Sequence[TokenLogprobs], texts: TokenTexts) -> dict:
         text, raw = texts(token_id)
         return {"token": text, "logprob": logprob, "bytes": raw}
 
-    return {"content": [{**entry(item.token_id, item.logprob),
-                         "top_logprobs": [entry(token_id, logprob) for token_id, logprob in item.top]}
-                        for item in items]}
+    return {
+        "content": [
+            {
+                **entry(item.token_id, item.logprob),
+                "top_logprobs": [entry(token_id, logprob) for token_id, logprob in item.top],
+            }
+            for item in items
+        ]
+    }
 
 
-def completion_logprobs(items: Sequence[TokenLogprobs], texts: TokenTexts, offsets: TextOffsets | None = None, *,
-                        prompt: Sequence[int] = (), prompt_items: Sequence[TokenLogprobs | None] = ()) -> dict:
+def completion_logprobs(
+    items: Sequence[TokenLogprobs],
+    texts: TokenTexts,
+    offsets: TextOffsets | None = None,
+    *,
+    prompt: Sequence[int] = (),
+    prompt_items: Sequence[TokenLogprobs | None] = (),
+) -> dict:
     """``offsets``: the generated tokens' text offsets, carried from chunk to chunk of a stream,
     started after an echoed prompt and in the prompt's context (a fresh one from 0, without
     context, when None). ``prompt`` / ``prompt_items``:

@@ -8,8 +8,7 @@ import logging
 import time
 
 from aieng.errors import RequestTooLargeError, SlowClientError
-from aieng.observability import metrics
-from aieng.observability import tracing
+from aieng.observability import metrics, tracing
 
 log = logging.getLogger("aieng.server")
 
@@ -38,8 +37,9 @@ class RequestContextMiddleware:
             return await self.app(scope, receive, send)
         start = time.perf_counter()
         headers = dict(scope.get("headers") or [])
-        context = tracing.from_headers(headers.get(b"traceparent", b"").decode("latin-1"),
-                                       headers.get(b"x-request-id", b"").decode("latin-1"))
+        context = tracing.from_headers(
+            headers.get(b"traceparent", b"").decode("latin-1"), headers.get(b"x-request-id", b"").decode("latin-1")
+        )
         token = tracing.current.set(context)
         version_token = metrics.serving_version.set((self.model_version() if self.model_version else None) or "")
         scope.setdefault("state", {})["trace"] = context
@@ -49,13 +49,20 @@ class RequestContextMiddleware:
             if message["type"] == "http.response.start":
                 status_holder["code"] = message["status"]
                 elapsed = time.perf_counter() - start
-                extra = [(b"x-request-id", context.request_id.encode("latin-1")),
-                         (b"x-trace-id", context.trace_id.encode("latin-1")),
-                         (b"x-process-time", f"{elapsed:.6f}".encode())]
+                extra = [
+                    (b"x-request-id", context.request_id.encode("latin-1")),
+                    (b"x-trace-id", context.trace_id.encode("latin-1")),
+                    (b"x-process-time", f"{elapsed:.6f}".encode()),
+                ]
                 headers = list(message.get("headers", []))
                 if not any(name.lower() == b"server-timing" for name, _ in headers):  # a stream: only this is known
-                    extra.append((b"server-timing", f'headers;dur={elapsed * 1000:.1f};desc="time to the response '
-                                                    f'headers; a stream\'s tokens follow"'.encode()))
+                    extra.append(
+                        (
+                            b"server-timing",
+                            f'headers;dur={elapsed * 1000:.1f};desc="time to the response '
+                            f"headers; a stream's tokens follow\"".encode(),
+                        )
+                    )
                 version = self.model_version() if self.model_version else None
                 named = [value for name, value in headers if name.lower() == b"x-model-version"]
                 if named:
@@ -106,7 +113,7 @@ class BodySizeLimitMiddleware:
             else:
                 try:
                     message = await asyncio.wait_for(receive(), max(0.0, deadline - time.monotonic()))
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     raise _BodyTooSlow() from None
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
@@ -120,10 +127,19 @@ class BodySizeLimitMiddleware:
         except _BodyTooLarge:
             await self._reject(send, self._too_large())
         except _BodyTooSlow:
-            log.warning("request body not complete after %g s: answered 408", self.timeout_s,
-                        extra={"event": "slow_client", "phase": "body", "received_bytes": received})
-            await self._reject(send, SlowClientError(f"the request body did not arrive within {self.timeout_s:g} s "
-                                                     f"(AIENG_BODY_TIMEOUT_S); {received} bytes came"), close=True)
+            log.warning(
+                "request body not complete after %g s: answered 408",
+                self.timeout_s,
+                extra={"event": "slow_client", "phase": "body", "received_bytes": received},
+            )
+            await self._reject(
+                send,
+                SlowClientError(
+                    f"the request body did not arrive within {self.timeout_s:g} s "
+                    f"(AIENG_BODY_TIMEOUT_S); {received} bytes came"
+                ),
+                close=True,
+            )
 
     def _too_large(self) -> RequestTooLargeError:
         return RequestTooLargeError(f"request body exceeds the limit of {self.max_bytes} bytes")
@@ -132,8 +148,13 @@ class BodySizeLimitMiddleware:
         metrics.count_error(error.code)
         body = json.dumps(error.envelope()).encode()
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-        await send({"type": "http.response.start", "status": error.status,
-                    "headers": headers + ([(b"connection", b"close")] if close else [])})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": error.status,
+                "headers": headers + ([(b"connection", b"close")] if close else []),
+            }
+        )
         await send({"type": "http.response.body", "body": body})
 
 

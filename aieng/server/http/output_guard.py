@@ -56,23 +56,33 @@ class Verdict:
 
 
 class OutputGuard:
-    def __init__(self, *, checks: tuple[str, ...] = ("empty", "repetition"), action: str = "flag",
-                 max_repeats: int = 8, json_prompts: str = "", blocklist: tuple[str, ...] = (), hook=None,
-                 fallback: str = ""):
+    def __init__(
+        self,
+        *,
+        checks: tuple[str, ...] = ("empty", "repetition"),
+        action: str = "flag",
+        max_repeats: int = 8,
+        json_prompts: str = "",
+        blocklist: tuple[str, ...] = (),
+        hook=None,
+        fallback: str = "",
+    ):
         unknown = set(checks) - set(CHECKS)
         if unknown or action not in ACTIONS:
-            raise ValueError(f"output guard: unknown check(s) {sorted(unknown)} or action {action!r}; "
-                             f"checks are {', '.join(CHECKS)}, actions {', '.join(ACTIONS)}")
+            raise ValueError(
+                f"output guard: unknown check(s) {sorted(unknown)} or action {action!r}; "
+                f"checks are {', '.join(CHECKS)}, actions {', '.join(ACTIONS)}"
+            )
         self.checks, self.action, self.fallback = checks, action, fallback
         self.partial_checks = tuple(c for c in ("blocklist", "hook") if c in checks)  # judged as a stream grows
         self.max_repeats = max_repeats
         self.json_prompts = re.compile(json_prompts) if json_prompts else None
         words = [re.escape(w.strip()) for w in blocklist if w.strip()]
-        self.blocked = re.compile(r"\b(?:%s)\b" % "|".join(words), re.IGNORECASE) if words else None
+        self.blocked = re.compile(r"\b(?:" + "|".join(words) + r")\b", re.IGNORECASE) if words else None
         self.hook = hook
 
     @classmethod
-    def from_settings(cls, settings) -> "OutputGuard | None":
+    def from_settings(cls, settings) -> OutputGuard | None:
         """The deployment's guard (``AIENG_GUARD_*``), or None when no check is on."""
         checks = tuple(c.strip() for c in settings.guard_checks.split(",") if c.strip())
         if not checks:
@@ -80,7 +90,9 @@ class OutputGuard:
         blocklist = ()
         if "blocklist" in checks:
             if not settings.guard_blocklist:
-                raise ValueError("output guard: the blocklist check needs AIENG_GUARD_BLOCKLIST (a file, one entry per line)")
+                raise ValueError(
+                    "output guard: the blocklist check needs AIENG_GUARD_BLOCKLIST (a file, one entry per line)"
+                )
             blocklist = tuple(Path(settings.guard_blocklist).read_text(encoding="utf-8").splitlines())
         hook = None
         if "hook" in checks:
@@ -90,9 +102,15 @@ class OutputGuard:
             hook = getattr(importlib.import_module(module), name)
         if "json" in checks and not settings.guard_json_prompts:
             raise ValueError("output guard: the json check needs AIENG_GUARD_JSON_PROMPTS (a regex on the prompt)")
-        return cls(checks=checks, action=settings.guard_action, max_repeats=settings.guard_max_repeats,
-                   json_prompts=settings.guard_json_prompts, blocklist=blocklist, hook=hook,
-                   fallback=settings.guard_fallback)
+        return cls(
+            checks=checks,
+            action=settings.guard_action,
+            max_repeats=settings.guard_max_repeats,
+            json_prompts=settings.guard_json_prompts,
+            blocklist=blocklist,
+            hook=hook,
+            fallback=settings.guard_fallback,
+        )
 
     def check(self, prompt: str, text: str, *, constrained: bool = False) -> Verdict | None:
         """The whole answer: the first check that fires, or None. A constrained answer's format is
@@ -124,10 +142,10 @@ class OutputGuard:
         for size in range(1, MAX_REPEATED_UNIT + 1):  # 32 slice comparisons at most: cheap on the event loop
             unit = tail[-size:]
             need = max(self.max_repeats, -(-MIN_REPEATED_CHARS // size))
-            if len(tail) < size * need or tail[-size * need:] != unit * need:
+            if len(tail) < size * need or tail[-size * need :] != unit * need:
                 continue
             count, start = need, len(tail) - size * need
-            while start >= size and tail[start - size:start] == unit and count < 1000:  # counted up to 1,000
+            while start >= size and tail[start - size : start] == unit and count < 1000:  # counted up to 1,000
                 count, start = count + 1, start - size
             return f"the answer ends in {unit!r} repeated {count}{'+' if count == 1000 else ''} times"
         return None
@@ -153,6 +171,9 @@ class OutputGuard:
 def record(verdict: Verdict, *, trace_id: str | None) -> None:
     """Count and log a verdict (the answer's text is never logged here: it may be what was blocked)."""
     metrics.OUTPUT_GUARD.labels(check=verdict.check, action=verdict.action).inc()
-    log.warning("output guard: %s (%s)", verdict.reason, verdict.action,
-                extra={"event": "output_guard", "check": verdict.check, "action": verdict.action,
-                       "trace_id": trace_id})
+    log.warning(
+        "output guard: %s (%s)",
+        verdict.reason,
+        verdict.action,
+        extra={"event": "output_guard", "check": verdict.check, "action": verdict.action, "trace_id": trace_id},
+    )

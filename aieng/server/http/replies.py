@@ -54,17 +54,21 @@ def reply_choices(submission: Submission, options: ReplyOptions) -> tuple[list[d
     return choices, first
 
 
-def _choice(index: int, text: str, finish_reason: str | None, items, submission: Submission,
-            options: ReplyOptions) -> dict:
+def _choice(
+    index: int, text: str, finish_reason: str | None, items, submission: Submission, options: ReplyOptions
+) -> dict:
     texts = options.texts
     if options.chat:
         logprobs = chat_logprobs(items, texts) if texts is not None else None
-        return ChatChoice(index=index, message=AssistantMessage(content=text), finish_reason=finish_reason,
-                          logprobs=logprobs).model_dump()
+        return ChatChoice(
+            index=index, message=AssistantMessage(content=text), finish_reason=finish_reason, logprobs=logprobs
+        ).model_dump()
     logprobs = None
     if texts is not None:
         offsets = TextOffsets(texts, len(options.echo), prompt_ids=options.context_ids)
-        logprobs = completion_logprobs(items, texts, offsets,
-                                       prompt=options.scored, prompt_items=submission.prompt_logprobs or ())
-    return CompletionChoice(index=index, text=options.echo + text, logprobs=logprobs,
-                            finish_reason=finish_reason).model_dump()
+        logprobs = completion_logprobs(
+            items, texts, offsets, prompt=options.scored, prompt_items=submission.prompt_logprobs or ()
+        )
+    return CompletionChoice(
+        index=index, text=options.echo + text, logprobs=logprobs, finish_reason=finish_reason
+    ).model_dump()

@@ -20,8 +20,9 @@ def _encodable(text: str) -> str:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise ValueError(f"text is not valid Unicode: a lone surrogate {text[exc.start:exc.end]!r} "
-                         f"at character {exc.start}") from None
+        raise ValueError(
+            f"text is not valid Unicode: a lone surrogate {text[exc.start : exc.end]!r} at character {exc.start}"
+        ) from None
     return text
 
 

@@ -6,9 +6,9 @@ import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from aieng.observability import metrics
 from aieng.engine import TokenEvent
 from aieng.engine.sampling import TokenLogprobs
+from aieng.observability import metrics
 from aieng.server.http.logprobs import TextOffsets, chat_logprobs, completion_logprobs
 from aieng.server.http.output_guard import Verdict, record
 from aieng.server.http.replies import ReplyOptions
@@ -18,8 +18,16 @@ def sse(data: dict | str) -> str:
     return f"data: {data if isinstance(data, str) else json.dumps(data, separators=(',', ':'))}\n\n"
 
 
-async def stream_chunks(events: AsyncIterator[TokenEvent], options: ReplyOptions, *, response_id: str, created: int,
-                        model: str, include_usage: bool, n: int = 1) -> AsyncIterator[str]:
+async def stream_chunks(
+    events: AsyncIterator[TokenEvent],
+    options: ReplyOptions,
+    *,
+    response_id: str,
+    created: int,
+    model: str,
+    include_usage: bool,
+    n: int = 1,
+) -> AsyncIterator[str]:
     """Turn engine events into OpenAI chunks; ``options`` are the ones a whole reply takes
     (``replies.ReplyOptions``). Errors mid-stream become an ``error`` chunk.
 
@@ -34,17 +42,46 @@ async def stream_chunks(events: AsyncIterator[TokenEvent], options: ReplyOptions
     kind = "chat.completion.chunk" if chat else "text_completion"
     base = {"id": response_id, "object": kind, "created": created, "model": model}
     last: TokenEvent | None = None
-    choices = [_ChoiceStream(offsets=TextOffsets(logprobs, len(echo), prompt_ids=options.context_ids)
-                             if logprobs is not None and not chat else None) for _ in range(n)]
+    choices = [
+        _ChoiceStream(
+            offsets=TextOffsets(logprobs, len(echo), prompt_ids=options.context_ids)
+            if logprobs is not None and not chat
+            else None
+        )
+        for _ in range(n)
+    ]
     ids = options.prompt_ids  # return_token_ids: the prompt's ids with a choice's first chunk, then each chunk's own
     for index in range(n):
         if chat:
-            yield sse({**base, **({"prompt_token_ids": list(ids)} if ids is not None and index == 0 else {}),
-                       "choices": [{"index": index, "delta": {"role": "assistant", "content": ""},
-                                    "logprobs": None, "finish_reason": None}]})
+            yield sse(
+                {
+                    **base,
+                    **({"prompt_token_ids": list(ids)} if ids is not None and index == 0 else {}),
+                    "choices": [
+                        {
+                            "index": index,
+                            "delta": {"role": "assistant", "content": ""},
+                            "logprobs": None,
+                            "finish_reason": None,
+                        }
+                    ],
+                }
+            )
         elif echo and not scored_prompt:
-            yield sse({**base, "choices": [{"index": index, "text": echo, "logprobs": None, "finish_reason": None,
-                                            **choices[index].ids_field(ids)}]})
+            yield sse(
+                {
+                    **base,
+                    "choices": [
+                        {
+                            "index": index,
+                            "text": echo,
+                            "logprobs": None,
+                            "finish_reason": None,
+                            **choices[index].ids_field(ids),
+                        }
+                    ],
+                }
+            )
     async for event in events:
         last = event
         if event.error is not None:  # the status line is long gone: report the error in the stream
@@ -56,8 +93,20 @@ async def stream_chunks(events: AsyncIterator[TokenEvent], options: ReplyOptions
             continue
         if event.prompt_logprobs is not None and scored_prompt and logprobs is not None:
             scored = completion_logprobs([], logprobs, prompt=scored_prompt, prompt_items=event.prompt_logprobs)
-            yield sse({**base, "choices": [{"index": event.index, "text": echo, "logprobs": scored,
-                                            "finish_reason": None, **state.ids_field(ids)}]})
+            yield sse(
+                {
+                    **base,
+                    "choices": [
+                        {
+                            "index": event.index,
+                            "text": echo,
+                            "logprobs": scored,
+                            "finish_reason": None,
+                            **state.ids_field(ids),
+                        }
+                    ],
+                }
+            )
         if event.logprobs is not None:
             state.pending.append(event.logprobs)
         if event.token_id is not None:
@@ -78,8 +127,20 @@ async def stream_chunks(events: AsyncIterator[TokenEvent], options: ReplyOptions
                 if fired.action == "fallback":  # withhold this chunk and end the choice
                     state.withheld = True
                     delta = {"delta": {}} if chat else {"text": ""}
-                    yield sse({**base, "choices": [{"index": event.index, **delta, "logprobs": None,
-                                                    "finish_reason": "content_filter", "guard": fired.field()}]})
+                    yield sse(
+                        {
+                            **base,
+                            "choices": [
+                                {
+                                    "index": event.index,
+                                    **delta,
+                                    "logprobs": None,
+                                    "finish_reason": "content_filter",
+                                    "guard": fired.field(),
+                                }
+                            ],
+                        }
+                    )
                     if all(c.withheld for c in choices):
                         await events.aclose()  # cancels the request: its tokens would go nowhere
                         break
@@ -102,8 +163,11 @@ async def stream_chunks(events: AsyncIterator[TokenEvent], options: ReplyOptions
         choice.update(state.ids_field(ids, chat=chat))
         yield sse({**base, "choices": [choice]})
     if include_usage and last is not None and last.error is None and last.finished:
-        usage = {"prompt_tokens": last.prompt_tokens, "completion_tokens": last.completion_tokens,
-                 "total_tokens": last.prompt_tokens + last.completion_tokens}
+        usage = {
+            "prompt_tokens": last.prompt_tokens,
+            "completion_tokens": last.completion_tokens,
+            "total_tokens": last.prompt_tokens + last.completion_tokens,
+        }
         yield sse({**base, "choices": [], "usage": usage})
     yield sse("[DONE]")
 

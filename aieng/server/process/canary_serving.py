@@ -52,9 +52,11 @@ def pick(runtime, model: str, key: str) -> Serving:
         for serving in (stable, canary):
             if serving is not None and serving.version == version:
                 return serving
-        raise ModelNotFoundError(f"version {version!r} of {runtime.model_name!r} is not served here (serving "
-                                 f"{stable.version}{'' if canary is None else ' and canary ' + canary.version})",
-                                 param="model")
+        raise ModelNotFoundError(
+            f"version {version!r} of {runtime.model_name!r} is not served here (serving "
+            f"{stable.version}{'' if canary is None else ' and canary ' + canary.version})",
+            param="model",
+        )
     if canary is not None and assigned_to_canary(key, runtime.canary_weight):
         return canary
     return stable
@@ -68,8 +70,11 @@ class CanaryKeeper:
     def converge(self, *, forced: bool = False) -> dict:
         """Make this worker's canary match the store's record; returns what it serves now."""
         runtime = self.runtime
-        record = None if runtime.ref.version is not None else read_canary(ModelStore(runtime.settings.store),
-                                                                          runtime.ref.name)
+        record = (
+            None
+            if runtime.ref.version is not None
+            else read_canary(ModelStore(runtime.settings.store), runtime.ref.name)
+        )
         canary = runtime.canary
         if record is None or (canary is not None and canary.version != record.version):
             self._unload()
@@ -96,14 +101,24 @@ class CanaryKeeper:
         ref = ModelRef(runtime.ref.name, record.version)
         try:
             loaded = load_version(ModelStore(runtime.settings.store), ref, runtime.load_config())
-            engine = Engine(loaded.model, loaded.tokenizer, context_length=loaded.context_length,
-                            config=runtime.config.engine, replacing=runtime.serving.engine)
+            engine = Engine(
+                loaded.model,
+                loaded.tokenizer,
+                context_length=loaded.context_length,
+                config=runtime.config.engine,
+                replacing=runtime.serving.engine,
+            )
             engine.warmup()
             canary = Serving.build(ref.name, loaded, engine, runtime.config.scheduler, runtime.settings)
         except Exception as exc:  # the stable version keeps all the traffic
             self.failed = record.version
-            log.error("loading canary %s failed; stable %s keeps all traffic: %s", ref, runtime.serving.version, exc,
-                      extra={"event": "canary_failed", "to": record.version})
+            log.error(
+                "loading canary %s failed; stable %s keeps all traffic: %s",
+                ref,
+                runtime.serving.version,
+                exc,
+                extra={"event": "canary_failed", "to": record.version},
+            )
             return
         canary.engine_loop.start()
         metrics.zero_series(canary.version, request_error_codes())
@@ -112,14 +127,23 @@ class CanaryKeeper:
         metrics.CANARY_WEIGHT.labels(version=canary.version).set(0)
         metrics.CANARY_LOADED.labels(version=canary.version).set(1)
         self.failed = None
-        log.info("canary %s loaded beside %s", ref, runtime.serving.version,
-                 extra={"event": "canary_loaded", "to": record.version, "shared_graphs": engine.shared_graphs})
+        log.info(
+            "canary %s loaded beside %s",
+            ref,
+            runtime.serving.version,
+            extra={"event": "canary_loaded", "to": record.version, "shared_graphs": engine.shared_graphs},
+        )
 
     def _weigh(self, weight: float) -> None:
         runtime = self.runtime
         if weight != runtime.canary_weight:
-            log.info("canary %s weight %.3f -> %.3f", runtime.canary.version, runtime.canary_weight, weight,
-                     extra={"event": "canary_weight", "to": runtime.canary.version, "weight": weight})
+            log.info(
+                "canary %s weight %.3f -> %.3f",
+                runtime.canary.version,
+                runtime.canary_weight,
+                weight,
+                extra={"event": "canary_weight", "to": runtime.canary.version, "weight": weight},
+            )
         runtime.canary_weight = weight
         metrics.CANARY_WEIGHT.labels(version=runtime.canary.version).set(weight)
 
@@ -133,5 +157,9 @@ class CanaryKeeper:
         metrics.CANARY_WEIGHT.labels(version=canary.version).set(0)
         metrics.CANARY_LOADED.labels(version=canary.version).set(0)
         finished = canary.retire(timeout_s=runtime.settings.request_timeout_s)
-        log.info("canary %s unloaded (%s)", canary.version, "nothing left in flight" if finished
-                 else "timed out waiting for its requests", extra={"event": "canary_unloaded", "to": canary.version})
+        log.info(
+            "canary %s unloaded (%s)",
+            canary.version,
+            "nothing left in flight" if finished else "timed out waiting for its requests",
+            extra={"event": "canary_unloaded", "to": canary.version},
+        )

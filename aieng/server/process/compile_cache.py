@@ -20,9 +20,12 @@ from pathlib import Path
 ENV = "TORCHINDUCTOR_CACHE_DIR"
 
 # The keys of torch._dynamo.utils.counters that say whether a compile came from the cache.
-_COUNTERS = {"fx_graph_hit": ("inductor", "fxgraph_cache_hit"), "fx_graph_miss": ("inductor", "fxgraph_cache_miss"),
-             "aot_autograd_hit": ("aot_autograd", "autograd_cache_hit"),
-             "aot_autograd_miss": ("aot_autograd", "autograd_cache_miss")}
+_COUNTERS = {
+    "fx_graph_hit": ("inductor", "fxgraph_cache_hit"),
+    "fx_graph_miss": ("inductor", "fxgraph_cache_miss"),
+    "aot_autograd_hit": ("aot_autograd", "autograd_cache_hit"),
+    "aot_autograd_miss": ("aot_autograd", "autograd_cache_miss"),
+}
 
 
 def use_compile_cache(directory: Path | str, environ=os.environ) -> dict:
@@ -46,8 +49,12 @@ def use_compile_cache(directory: Path | str, environ=os.environ) -> dict:
     path = path.resolve()
     path.mkdir(parents=True, exist_ok=True)
     environ[ENV] = str(path)
-    return {"dir": str(path), "source": source, "fx_graph_cache": bool(inductor_config.fx_graph_cache),
-            "aot_autograd_cache": bool(functorch_config.enable_autograd_cache)}
+    return {
+        "dir": str(path),
+        "source": source,
+        "fx_graph_cache": bool(inductor_config.fx_graph_cache),
+        "aot_autograd_cache": bool(functorch_config.enable_autograd_cache),
+    }
 
 
 def compile_cache_counts() -> dict[str, int]:

@@ -27,9 +27,11 @@ log = logging.getLogger("aieng.server")
 
 def pre_fork_for(slots: int):
     """The gunicorn ``pre_fork`` hook that pins worker *i* to GPU *i* among ``slots`` GPUs."""
+
     def pre_fork(server, worker):
         taken = (getattr(live, "gpu_slot", None) for live in server.WORKERS.values())
         worker.gpu_slot = assign_slot(taken, slots)
+
     return pre_fork
 
 
@@ -76,16 +78,23 @@ def fit_kv_to_gpu(runtime) -> dict:
         return {}
     split = runtime.gpu_split
     if split is not None:  # the cache follows its layers across the GPUs
-        log.info("weights split across %d GPUs: the KV cache and activations use the memory max_memory left "
-                 "free on each (%s); AIENG_KV_CACHE_MB bounds it explicitly", split.gpus_per_worker, split.reason,
-                 extra={"event": "kv_budget_split"})
+        log.info(
+            "weights split across %d GPUs: the KV cache and activations use the memory max_memory left "
+            "free on each (%s); AIENG_KV_CACHE_MB bounds it explicitly",
+            split.gpus_per_worker,
+            split.reason,
+            extra={"event": "kv_budget_split"},
+        )
         return {}
     tokens = max(1, min(loaded.context_length, runtime.config.scheduler.max_batch_tokens))
 
     def probe():
         with torch.inference_mode():
-            loaded.model(input_ids=torch.zeros((1, tokens), dtype=torch.long, device=loaded.device), use_cache=False,
-                         logits_to_keep=1)  # as the engine asks: the last position's logits only
+            loaded.model(
+                input_ids=torch.zeros((1, tokens), dtype=torch.long, device=loaded.device),
+                use_cache=False,
+                logits_to_keep=1,
+            )  # as the engine asks: the last position's logits only
 
     budget, figures = measure_kv_budget(loaded.device, settings.gpu_memory_fraction, probe)
     if swaps_possible(settings):  # a hot swap loads the next version's weights beside these (it reuses this KV cache)
@@ -103,15 +112,25 @@ def fit_kv_to_gpu(runtime) -> dict:
             f"{_gib(figures['activation_peak'])} activation peak ({tokens}-token probe) leaves "
             f"{_gib(budget)}{' after room for a hot swap' if 'swap_reserve' in figures else ''}, one row needs "
             f"{_gib(per_row)}. Raise AIENG_GPU_MEMORY_FRACTION, lower AIENG_MAX_BATCH_TOKENS, serve a smaller "
-            "dtype, or turn hot swaps off (AIENG_RELOAD_POLL_S=0 and no AIENG_ADMIN_TOKEN)", code="insufficient_memory")
+            "dtype, or turn hot swaps off (AIENG_RELOAD_POLL_S=0 and no AIENG_ADMIN_TOKEN)",
+            code="insufficient_memory",
+        )
     engine = runtime.config.engine
     runtime.config.engine = replace(engine, kv_cache_bytes=budget, max_rows=min(engine.max_rows, int(rows)))
     figures.update(rows=int(rows), probe_tokens=tokens)
-    log.info("KV cache on %s: %s (%d rows of %d tokens) = %s x %s - %s weights - %s activation peak - safety%s",
-             loaded.device, _gib(budget), rows, loaded.context_length, _gib(figures["total"]),
-             settings.gpu_memory_fraction, _gib(figures["weights"]), _gib(figures["activation_peak"]),
-             f" - {_gib(figures['swap_reserve'])} for a hot swap's weights" if "swap_reserve" in figures else "",
-             extra={"event": "kv_budget_measured", **figures})
+    log.info(
+        "KV cache on %s: %s (%d rows of %d tokens) = %s x %s - %s weights - %s activation peak - safety%s",
+        loaded.device,
+        _gib(budget),
+        rows,
+        loaded.context_length,
+        _gib(figures["total"]),
+        settings.gpu_memory_fraction,
+        _gib(figures["weights"]),
+        _gib(figures["activation_peak"]),
+        f" - {_gib(figures['swap_reserve'])} for a hot swap's weights" if "swap_reserve" in figures else "",
+        extra={"event": "kv_budget_measured", **figures},
+    )
     return figures
 
 

@@ -46,8 +46,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from aieng.engine import Engine
-from aieng.engine.native.succession import (CacheHandover, awaits_kv_cache, hand_over_cache, own_cache, reclaim_cache,
-                                      take_cache)
+from aieng.engine.native.succession import (
+    CacheHandover,
+    awaits_kv_cache,
+    hand_over_cache,
+    own_cache,
+    reclaim_cache,
+    take_cache,
+)
 from aieng.errors import AiengError
 from aieng.loading.loader import load_version
 from aieng.observability import metrics
@@ -155,16 +161,27 @@ class HotSwapper:
         old = runtime.serving
         previous = old.version
         started = time.perf_counter()
-        log.info("hot swap %s@%s -> %s: verifying and loading beside the serving version", old.name, old.version,
-                 version, extra={"event": "swap_started", "from": old.version, "to": version})
+        log.info(
+            "hot swap %s@%s -> %s: verifying and loading beside the serving version",
+            old.name,
+            old.version,
+            version,
+            extra={"event": "swap_started", "from": old.version, "to": version},
+        )
         try:
             new = self._adopt_canary(version) or self._load_and_warm(version)
         except Exception as exc:  # the old version keeps serving
             message = exc.message if isinstance(exc, AiengError) else f"{type(exc).__name__}: {exc}"
             self._failed_target = version
             metrics.MODEL_SWAPS.labels(outcome="failed").inc()
-            log.error("hot swap to %s@%s failed; still serving %s: %s", old.name, version, old.version, message,
-                      extra={"event": "swap_failed", "from": old.version, "to": version})
+            log.error(
+                "hot swap to %s@%s failed; still serving %s: %s",
+                old.name,
+                version,
+                old.version,
+                message,
+                extra={"event": "swap_failed", "from": old.version, "to": version},
+            )
             self.last = SwapOutcome("failed", old.version, version, time.perf_counter() - started, message, time.time())
             return self.last
         runtime.install(new)  # from here new requests go to the new version (queued until its thread runs)
@@ -176,13 +193,32 @@ class HotSwapper:
         set_service(new.name, new.version)
         self._failed_target = None
         switched = time.perf_counter() - started
-        kv = None if handover is None else {"shared": True, "slots": handover.keys[0].shape[0],
-                                            "kept_by_old": handover.kept_by_old, "reclaimed": False}
-        log.info("hot swap %s@%s -> %s: switched after %.1f s; the old version finishes %d request(s) in flight%s",
-                 old.name, old.version, version, switched, old.in_flight,
-                 "" if kv is None else f" in {kv['kept_by_old']} of the {kv['slots']} KV slots",
-                 extra={"event": "swap_switched", "from": old.version, "to": version, "seconds": round(switched, 2),
-                        "kv_cache": kv})
+        kv = (
+            None
+            if handover is None
+            else {
+                "shared": True,
+                "slots": handover.keys[0].shape[0],
+                "kept_by_old": handover.kept_by_old,
+                "reclaimed": False,
+            }
+        )
+        log.info(
+            "hot swap %s@%s -> %s: switched after %.1f s; the old version finishes %d request(s) in flight%s",
+            old.name,
+            old.version,
+            version,
+            switched,
+            old.in_flight,
+            "" if kv is None else f" in {kv['kept_by_old']} of the {kv['slots']} KV slots",
+            extra={
+                "event": "swap_switched",
+                "from": old.version,
+                "to": version,
+                "seconds": round(switched, 2),
+                "kv_cache": kv,
+            },
+        )
         drained = old.retire(timeout_s=runtime.settings.request_timeout_s)
         if handover is not None:
             kv["reclaimed"] = self._reclaim_cache(old, new, handover)
@@ -190,9 +226,13 @@ class HotSwapper:
         del old
         metrics.MODEL_SWAPS.labels(outcome="ok").inc()
         self.last = SwapOutcome("swapped", previous, version, switched, None, time.time(), kv)
-        log.info("hot swap to %s done (old version retired, %s; its memory freed %s)", version,
-                 "nothing left in flight" if drained else "timed out waiting for in-flight requests", freed(),
-                 extra={"event": "swap_done", "to": version, "kv_cache": kv})
+        log.info(
+            "hot swap to %s done (old version retired, %s; its memory freed %s)",
+            version,
+            "nothing left in flight" if drained else "timed out waiting for in-flight requests",
+            freed(),
+            extra={"event": "swap_done", "to": version, "kv_cache": kv},
+        )
         return self.last
 
     @staticmethod
@@ -209,6 +249,7 @@ class HotSwapper:
             start = time.perf_counter()
             gc.collect()
             return f"by a full garbage collection ({time.perf_counter() - start:.3f} s)"
+
         return freed
 
     @staticmethod
@@ -229,8 +270,11 @@ class HotSwapper:
             take_cache(new.engine, handover)
             return handover
         except Exception:  # never leave the new version without a cache: one of its own, as before
-            log.exception("handing the KV cache over failed; the new version allocates its own (%d slots)", slots,
-                          extra={"event": "swap_kv_own_cache"})
+            log.exception(
+                "handing the KV cache over failed; the new version allocates its own (%d slots)",
+                slots,
+                extra={"event": "swap_kv_own_cache"},
+            )
             own_cache(new.engine, slots)
             return None
 
@@ -238,9 +282,13 @@ class HotSwapper:
     def _reclaim_cache(old: Serving, new: Serving, handover: CacheHandover) -> bool:
         """The whole cache to the new engine once the old one's thread has ended."""
         if old.engine_loop.alive:  # stuck in a step past its stop timeout: leave its slots alone
-            log.warning("the old version's engine thread did not stop; the new version keeps %d of %d KV slots "
-                        "until the worker restarts", handover.given, handover.keys[0].shape[0],
-                        extra={"event": "swap_kv_not_reclaimed"})
+            log.warning(
+                "the old version's engine thread did not stop; the new version keeps %d of %d KV slots "
+                "until the worker restarts",
+                handover.given,
+                handover.keys[0].shape[0],
+                extra={"event": "swap_kv_not_reclaimed"},
+            )
             return False
         new.engine_loop.call_between_steps(lambda: reclaim_cache(new.engine, handover)).result()
         return True
@@ -260,14 +308,32 @@ class HotSwapper:
         start = time.perf_counter()
         loaded = load_version(ModelStore(runtime.settings.store), ref, runtime.load_config())
         loaded_s = time.perf_counter() - start
-        engine = Engine(loaded.model, loaded.tokenizer, context_length=loaded.context_length,
-                        config=runtime.config.engine, replacing=runtime.serving.engine, kv_from_replaced=True)
+        engine = Engine(
+            loaded.model,
+            loaded.tokenizer,
+            context_length=loaded.context_length,
+            config=runtime.config.engine,
+            replacing=runtime.serving.engine,
+            kv_from_replaced=True,
+        )
         shared = engine.shared_graphs  # same architecture: nothing measured or compiled
-        log.info("hot swap to %s: verified and loaded in %.2f s; warming up (%s)", version, loaded_s,
-                 "graphs shared with the serving version" if shared
-                 else "new graphs" if runtime.config.engine.compile else "eager: compilation off",
-                 extra={"event": "swap_warmup", "to": version, "shared_graphs": shared, "load_s": round(loaded_s, 3),
-                        "engine_s": round(time.perf_counter() - start - loaded_s, 3)})
+        log.info(
+            "hot swap to %s: verified and loaded in %.2f s; warming up (%s)",
+            version,
+            loaded_s,
+            "graphs shared with the serving version"
+            if shared
+            else "new graphs"
+            if runtime.config.engine.compile
+            else "eager: compilation off",
+            extra={
+                "event": "swap_warmup",
+                "to": version,
+                "shared_graphs": shared,
+                "load_s": round(loaded_s, 3),
+                "engine_s": round(time.perf_counter() - start - loaded_s, 3),
+            },
+        )
         engine.warmup()
         if engine.compile_status == "compiling":
             engine.wait_for_compile()  # a swap switches to a fully warm version only

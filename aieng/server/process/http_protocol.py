@@ -35,11 +35,23 @@ def _body(error) -> bytes:
 
 async def connection_limit_reached(scope, receive, send) -> None:
     """The 503 a worker gives beyond its connection cap, in the error envelope."""
-    body = _body(ConnectionLimitError("this worker is at its connection limit (AIENG_MAX_CONNECTIONS); retry "
-                                      "shortly or on another instance"))
-    await send({"type": "http.response.start", "status": ConnectionLimitError.status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                            (b"retry-after", b"1"), (b"connection", b"close")]})
+    body = _body(
+        ConnectionLimitError(
+            "this worker is at its connection limit (AIENG_MAX_CONNECTIONS); retry shortly or on another instance"
+        )
+    )
+    await send(
+        {
+            "type": "http.response.start",
+            "status": ConnectionLimitError.status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"retry-after", b"1"),
+                (b"connection", b"close"),
+            ],
+        }
+    )
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
@@ -91,10 +103,18 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._header_timer = None
         if self.transport.is_closing() or (self.cycle is not None and not self.cycle.response_complete):
             return  # a request is being answered: its headers were complete after all
-        log.warning("closed a connection whose request headers took over %g s", self.header_timeout_s,
-                    extra={"event": "slow_client", "phase": "headers", "client": "%s:%s" % (self.client or ("?", "?"))})
-        body = _body(SlowClientError(f"the request headers did not arrive within {self.header_timeout_s:g} s "
-                                     "(AIENG_HEADER_TIMEOUT_S)"))
-        self.transport.write(b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
-                             b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        log.warning(
+            "closed a connection whose request headers took over %g s",
+            self.header_timeout_s,
+            extra={"event": "slow_client", "phase": "headers", "client": "%s:%s" % (self.client or ("?", "?"))},
+        )
+        body = _body(
+            SlowClientError(
+                f"the request headers did not arrive within {self.header_timeout_s:g} s (AIENG_HEADER_TIMEOUT_S)"
+            )
+        )
+        self.transport.write(
+            b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
+            b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+        )
         self.transport.close()

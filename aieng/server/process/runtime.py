@@ -25,18 +25,18 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from aieng.observability import metrics
 from aieng.engine import Engine, EngineConfig
 from aieng.errors import NotReadyError
 from aieng.loading.device import wants_cuda
 from aieng.loading.loader import LoadConfig, LoadedModel, load_version
+from aieng.observability import metrics
 from aieng.observability.logs import set_service
 from aieng.scheduler import EngineLoop, SchedulerConfig
 from aieng.server.process import gpu_worker
+from aieng.server.process.compile_cache import compile_cache_counts, compile_cache_delta
 from aieng.server.process.hot_swap import HotSwapper
 from aieng.server.process.model_threads import run_on_own_thread
 from aieng.server.process.serving import Serving
-from aieng.server.process.compile_cache import compile_cache_counts, compile_cache_delta
 from aieng.server.process.startup import FAILED, PhasedStore, StartupProgress
 from aieng.server.process.step_watchdog import StepWatchdog
 from aieng.settings import WEIGHT_FORMATS, Settings
@@ -54,24 +54,37 @@ class RuntimeConfig:
     drain_delay_s: float = 1.0  # after SIGTERM: report 503 this long before closing the listener
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> "RuntimeConfig":
+    def from_settings(cls, settings: Settings) -> RuntimeConfig:
         """The one place where ``Settings`` (environment and flags) become component configs."""
-        for name, value, allowed in (("AIENG_WEIGHT_FORMATS", settings.weight_formats, WEIGHT_FORMATS),
-                                     ("AIENG_DECODE_ATTENTION", settings.decode_attention, ("auto", "sdpa")),
-                                     ("AIENG_KV_CACHE_DTYPE", settings.kv_cache_dtype, ("auto", "model", "bfloat16"))):
+        for name, value, allowed in (
+            ("AIENG_WEIGHT_FORMATS", settings.weight_formats, WEIGHT_FORMATS),
+            ("AIENG_DECODE_ATTENTION", settings.decode_attention, ("auto", "sdpa")),
+            ("AIENG_KV_CACHE_DTYPE", settings.kv_cache_dtype, ("auto", "model", "bfloat16")),
+        ):
             if value not in allowed:
                 from aieng.errors import ConfigError
 
                 raise ConfigError(f"{name}={value!r}: use {', '.join(allowed[:-1])} or {allowed[-1]}")
-        engine = EngineConfig(compile=settings.compile, quantize_int8=settings.int8, native=settings.native,
-                              max_rows=settings.max_batch_size, kv_cache_bytes=settings.kv_cache_mb * 2**20,
-                              prefill_chunk_tokens=settings.prefill_chunk_tokens,
-                              weight_formats=settings.weight_formats,
-                              decode_attention=settings.decode_attention, kv_cache_dtype=settings.kv_cache_dtype,
-                              compile_budget_s=settings.compile_budget_s, oom_degrade=settings.oom_degrade)
-        scheduler = SchedulerConfig(max_batch_size=settings.max_batch_size, max_batch_tokens=settings.max_batch_tokens,
-                                    max_queue=settings.max_queue, max_queue_delay_ms=settings.max_queue_delay_ms,
-                                    default_timeout_s=settings.request_timeout_s)
+        engine = EngineConfig(
+            compile=settings.compile,
+            quantize_int8=settings.int8,
+            native=settings.native,
+            max_rows=settings.max_batch_size,
+            kv_cache_bytes=settings.kv_cache_mb * 2**20,
+            prefill_chunk_tokens=settings.prefill_chunk_tokens,
+            weight_formats=settings.weight_formats,
+            decode_attention=settings.decode_attention,
+            kv_cache_dtype=settings.kv_cache_dtype,
+            compile_budget_s=settings.compile_budget_s,
+            oom_degrade=settings.oom_degrade,
+        )
+        scheduler = SchedulerConfig(
+            max_batch_size=settings.max_batch_size,
+            max_batch_tokens=settings.max_batch_tokens,
+            max_queue=settings.max_queue,
+            max_queue_delay_ms=settings.max_queue_delay_ms,
+            default_timeout_s=settings.request_timeout_s,
+        )
         return cls(settings=settings, engine=engine, scheduler=scheduler, drain_delay_s=settings.drain_delay_s)
 
 
@@ -133,7 +146,9 @@ class Runtime:
         engine = self.config.engine
         native = serving_path(self.loaded.model.config, context_length=self.loaded.context_length).kind == "native"
         if engine.native and engine.decode_attention == "auto" and native:
-            self.progress.detail("aieng's CPU decode-attention kernel (built once per host, then loaded from the cache)")
+            self.progress.detail(
+                "aieng's CPU decode-attention kernel (built once per host, then loaded from the cache)"
+            )
             kernels.load()
 
     def warm_before_fork(self) -> float | None:
@@ -190,14 +205,21 @@ class Runtime:
             self.loaded = load_version(store, self.ref, self.load_config())
             gpu_worker.fit_kv_to_gpu(self)  # the KV budget from what the weights and a probe left
         self.model_version = self.loaded.version
-        self.progress.begin("engine", f"building the engine and its scheduler, {torch.get_num_threads()} torch thread(s)")
+        self.progress.begin(
+            "engine", f"building the engine and its scheduler, {torch.get_num_threads()} torch thread(s)"
+        )
         if self.engine is None:  # not built before fork (CUDA, several torch threads, or in-process use)
             self.engine = self._build_engine()
         if self.engine.max_rows < self.config.scheduler.max_batch_size:  # the KV budget holds fewer rows
-            log.warning("the KV cache budget holds %d rows of %d tokens: max_batch_size lowered from %d to %d "
-                        "(raise AIENG_KV_CACHE_MB, or lower AIENG_MAX_BATCH_SIZE to silence this)",
-                        self.engine.max_rows, self.engine.context_length, self.config.scheduler.max_batch_size,
-                        self.engine.max_rows, extra={"event": "kv_budget_rows"})
+            log.warning(
+                "the KV cache budget holds %d rows of %d tokens: max_batch_size lowered from %d to %d "
+                "(raise AIENG_KV_CACHE_MB, or lower AIENG_MAX_BATCH_SIZE to silence this)",
+                self.engine.max_rows,
+                self.engine.context_length,
+                self.config.scheduler.max_batch_size,
+                self.engine.max_rows,
+                extra={"event": "kv_budget_rows"},
+            )
             self.config.scheduler = replace(self.config.scheduler, max_batch_size=self.engine.max_rows)
         self.install(Serving.build(self.model_name, self.loaded, self.engine, self.config.scheduler, self.settings))
         if self.worker_plan is not None:
@@ -232,8 +254,12 @@ class Runtime:
         return config
 
     def _build_engine(self) -> Engine:
-        return Engine(self.loaded.model, self.loaded.tokenizer, context_length=self.loaded.context_length,
-                      config=self.config.engine)
+        return Engine(
+            self.loaded.model,
+            self.loaded.tokenizer,
+            context_length=self.loaded.context_length,
+            config=self.config.engine,
+        )
 
     def _warm_in_background(self) -> None:
         with contextlib.suppress(Exception):  # already logged as startup_failed; /health/ready says so
@@ -250,8 +276,9 @@ class Runtime:
         self.progress.finish(warmup_s=round(self.warmup_seconds, 2))
         self.swapper.watch()
         if self.settings.step_timeout_s > 0:
-            self.watchdog = StepWatchdog(self, self.settings.step_timeout_s, on_stuck=self.on_stuck,
-                                         exit_after_s=self.config.drain_delay_s + 1.0).start()
+            self.watchdog = StepWatchdog(
+                self, self.settings.step_timeout_s, on_stuck=self.on_stuck, exit_after_s=self.config.drain_delay_s + 1.0
+            ).start()
         if self.engine.compile_status == "compiling":  # past its compile budget: serving eagerly meanwhile
             self.progress.begin("compile", "in the background; serving eagerly until the graphs are ready")
             threading.Thread(target=self._watch_compile, name="aieng-compile-watch", daemon=True).start()
@@ -268,8 +295,9 @@ class Runtime:
         self.progress.begin("warmup", f"{mode}, {where}")
         seconds = self.engine.warmup(progress=self.progress.detail)
         cache = compile_cache_delta(before)
-        self.progress.detail(f"done in {seconds:.1f}s" + (f"; compile cache {cache}" if cache else ""),
-                             compile_cache=cache)
+        self.progress.detail(
+            f"done in {seconds:.1f}s" + (f"; compile cache {cache}" if cache else ""), compile_cache=cache
+        )
         return seconds
 
     def require_ready(self) -> None:
@@ -296,8 +324,11 @@ class Runtime:
             if self.draining:
                 return 503, {**exc.envelope(), "status": "draining"}
             snapshot = self.progress.snapshot()
-            return 503, {**exc.envelope(), "status": "failed" if snapshot["phase"] == FAILED else "starting",
-                         **snapshot}
+            return 503, {
+                **exc.envelope(),
+                "status": "failed" if snapshot["phase"] == FAILED else "starting",
+                **snapshot,
+            }
         body = {"status": "ready", "model": self.model_name, "version": self.model_version}
         if self.loaded is not None:  # on a GPU host, the GPU this worker is pinned to
             body["device"] = str(self.loaded.device)
@@ -318,7 +349,12 @@ class Runtime:
         import asyncio
 
         deadline = time.monotonic() + timeout_s
-        while not self.ready and not self.admission_closed and self.progress.phase != FAILED and time.monotonic() < deadline:
+        while (
+            not self.ready
+            and not self.admission_closed
+            and self.progress.phase != FAILED
+            and time.monotonic() < deadline
+        ):
             await asyncio.sleep(0.05)
         self.require_ready()
 

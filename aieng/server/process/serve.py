@@ -19,8 +19,8 @@ from gunicorn.app.base import BaseApplication
 from aieng.engine.native.onednn_caches import bound_onednn_caches
 from aieng.host.gpus import default_alloc_conf, fork_safe_cuda_checks
 from aieng.observability.logs import log_event
-from aieng.server.process import gpu_worker
 from aieng.server.http.app import create_app
+from aieng.server.process import gpu_worker
 from aieng.server.process.compile_cache import use_compile_cache
 from aieng.server.process.runtime import Runtime, RuntimeConfig
 from aieng.server.process.startup import StartupProgress
@@ -66,13 +66,26 @@ def serve(settings: Settings, progress: StartupProgress | None = None) -> None:
     runtime.worker_plan = plan  # each process logs it with its engine's choices (serving_plan)
     runtime.warm_before_fork()
     runtime.progress.begin("workers", f"{plan.workers} worker(s) x {plan.torch_threads} torch thread(s)")
-    log.info("serving %s@%s on http://%s:%d with %d worker(s) x %d torch thread(s): %s", runtime.model_name,
-             runtime.model_version, settings.host, settings.port, plan.workers, plan.torch_threads, plan.reason)
+    log.info(
+        "serving %s@%s on http://%s:%d with %d worker(s) x %d torch thread(s): %s",
+        runtime.model_name,
+        runtime.model_version,
+        settings.host,
+        settings.port,
+        plan.workers,
+        plan.torch_threads,
+        plan.reason,
+    )
     runtime.progress.stop_heartbeat()  # no thread may hold a lock across fork; each worker starts its own
     app = create_app(runtime, max_body_bytes=settings.max_body_bytes, body_timeout_s=settings.body_timeout_s)
-    options = {"bind": f"{settings.host}:{settings.port}", "workers": plan.workers,
-               "graceful_timeout": settings.graceful_timeout_s, "loglevel": settings.log_level,
-               "max_requests": settings.max_requests, "max_requests_jitter": settings.max_requests // 10}
+    options = {
+        "bind": f"{settings.host}:{settings.port}",
+        "workers": plan.workers,
+        "graceful_timeout": settings.graceful_timeout_s,
+        "loglevel": settings.log_level,
+        "max_requests": settings.max_requests,
+        "max_requests_jitter": settings.max_requests // 10,
+    }
     if plan.gpus and runtime.gpu_split is None:  # worker i on cuda:i; a replacement takes its GPU back
         options["pre_fork"] = gpu_worker.pre_fork_for(plan.gpus)
     GunicornApplication(app, options).run()

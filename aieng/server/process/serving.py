@@ -35,8 +35,7 @@ class Serving:
     inputs: RequestBuilder
 
     @classmethod
-    def build(cls, name: str, loaded: LoadedModel, engine: Engine, scheduler: SchedulerConfig,
-              settings) -> "Serving":
+    def build(cls, name: str, loaded: LoadedModel, engine: Engine, scheduler: SchedulerConfig, settings) -> Serving:
         """Wire the engine to a scheduler thread (not started) and the HTTP side; ``settings``
         (``aieng.settings.Settings``) gives metrics on/off, the stream buffer and the test delay."""
         observers = [MetricsObserver(version=loaded.version)] if settings.metrics else []
@@ -44,8 +43,12 @@ class Serving:
         if delay_s > 0:  # AIENG_TEST_STEP_DELAY: a version made slow on purpose, for tests
             observers.append(StepDelay(delay_s))
         loop = EngineLoop(engine, scheduler, observers=observers)
-        bridge = Bridge(loop.scheduler, metrics_enabled=settings.metrics, version=loaded.version,
-                        buffer_events=settings.stream_buffer_events)
+        bridge = Bridge(
+            loop.scheduler,
+            metrics_enabled=settings.metrics,
+            version=loaded.version,
+            buffer_events=settings.stream_buffer_events,
+        )
         return cls(name, loaded.version, loaded, engine, loop, bridge, RequestBuilder(engine))
 
     @property

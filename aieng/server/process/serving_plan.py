@@ -23,22 +23,31 @@ class ServingPlan:
     workers: WorkerPlan
 
     def line(self) -> str:
-        return (f"{self.model}@{self.version}: {self.engine.line()}; {self.workers.workers} worker(s) x "
-                f"{self.workers.torch_threads} torch thread(s) ({self.workers.reason})")
+        return (
+            f"{self.model}@{self.version}: {self.engine.line()}; {self.workers.workers} worker(s) x "
+            f"{self.workers.torch_threads} torch thread(s) ({self.workers.reason})"
+        )
 
     def fields(self) -> dict:
-        return {"model": self.model, "version": self.version, **self.engine.fields(),
-                "workers": self.workers.workers, "torch_threads": self.workers.torch_threads,
-                "workers_why": self.workers.reason}
+        return {
+            "model": self.model,
+            "version": self.version,
+            **self.engine.fields(),
+            "workers": self.workers.workers,
+            "torch_threads": self.workers.torch_threads,
+            "workers_why": self.workers.reason,
+        }
 
     def lines(self) -> list[str]:
         """For a terminal: one choice per line."""
         e = self.engine
-        return [f"model            {self.model}@{self.version} on {e.device}",
-                f"forward          {e.runner}: {e.runner_why}",
-                f"weights          {e.weights}",
-                f"KV cache         {e.kv_cache}: {e.kv_cache_why}",
-                f"decode attention {e.decode_attention}",
-                f"compile          {e.compile}",
-                f"workers          {self.workers.workers} x {self.workers.torch_threads} torch thread(s): "
-                f"{self.workers.reason}"]
+        return [
+            f"model            {self.model}@{self.version} on {e.device}",
+            f"forward          {e.runner}: {e.runner_why}",
+            f"weights          {e.weights}",
+            f"KV cache         {e.kv_cache}: {e.kv_cache_why}",
+            f"decode attention {e.decode_attention}",
+            f"compile          {e.compile}",
+            f"workers          {self.workers.workers} x {self.workers.torch_threads} torch thread(s): "
+            f"{self.workers.reason}",
+        ]

@@ -37,7 +37,7 @@ READY = "ready"
 FAILED = "failed"
 HEARTBEAT_S = 5.0
 
-_instances: "weakref.WeakSet[StartupProgress]" = weakref.WeakSet()
+_instances: weakref.WeakSet[StartupProgress] = weakref.WeakSet()
 
 
 class StartupProgress:
@@ -70,16 +70,28 @@ class StartupProgress:
         ``Engine.warmup(progress=progress.detail)`` calls it before each shape it runs."""
         with self._lock:
             self._detail = text
-            self._emit("startup_progress", f"{self._phase} {text}", phase=self._phase, detail=text,
-                       phase_s=round(self._clock() - self._phase_started, 2), **fields)
+            self._emit(
+                "startup_progress",
+                f"{self._phase} {text}",
+                phase=self._phase,
+                detail=text,
+                phase_s=round(self._clock() - self._phase_started, 2),
+                **fields,
+            )
 
     def finish(self, **fields) -> None:
         """The process is ready: the current phase ends, the heartbeat goes quiet."""
         with self._lock:
             self._end_current()
             self._phase, self._detail, self._phase_started = READY, "", self._clock()
-            self._emit("startup_ready", f"ready after {self._clock() - self._started:.1f}s", phase=READY,
-                       seconds=round(self._clock() - self._started, 2), phases=dict(self.phase_seconds), **fields)
+            self._emit(
+                "startup_ready",
+                f"ready after {self._clock() - self._started:.1f}s",
+                phase=READY,
+                seconds=round(self._clock() - self._started, 2),
+                phases=dict(self.phase_seconds),
+                **fields,
+            )
         self._wake.set()
 
     def fail(self, error: BaseException) -> None:
@@ -88,9 +100,14 @@ class StartupProgress:
         with self._lock:
             failed = self._phase
             self._phase, self._detail = FAILED, f"{failed}: {type(error).__name__} (the log line startup_failed has it)"
-            self._emit("startup_failed", f"{failed} failed: {type(error).__name__}: {error}", level=logging.ERROR,
-                       phase=failed, seconds=round(self._clock() - self._phase_started, 2),
-                       exc_info=None if isinstance(error, AiengError) else error)
+            self._emit(
+                "startup_failed",
+                f"{failed} failed: {type(error).__name__}: {error}",
+                level=logging.ERROR,
+                phase=failed,
+                seconds=round(self._clock() - self._phase_started, 2),
+                exc_info=None if isinstance(error, AiengError) else error,
+            )
         self._wake.set()
 
     # -- what /health/ready shows --------------------------------------------------------------
@@ -101,8 +118,12 @@ class StartupProgress:
     def snapshot(self) -> dict:
         with self._lock:
             now = self._clock()
-            return {"phase": self._phase, "detail": self._detail, "elapsed_s": round(now - self._phase_started, 1),
-                    "startup_s": round(now - self._started, 1)}
+            return {
+                "phase": self._phase,
+                "detail": self._detail,
+                "elapsed_s": round(now - self._phase_started, 1),
+                "startup_s": round(now - self._started, 1),
+            }
 
     @property
     def running(self) -> bool:
@@ -140,8 +161,13 @@ class StartupProgress:
                 if now - self._last_line >= self.heartbeat_s:
                     seconds = now - self._phase_started
                     doing = f"{self._phase} {self._detail}".strip()
-                    self._emit("startup_heartbeat", f"still {doing} after {seconds:.0f} s", phase=self._phase,
-                               detail=self._detail, phase_s=round(seconds, 1))
+                    self._emit(
+                        "startup_heartbeat",
+                        f"still {doing} after {seconds:.0f} s",
+                        phase=self._phase,
+                        detail=self._detail,
+                        phase_s=round(seconds, 1),
+                    )
 
     # -- internals (called with the lock held) -------------------------------------------------
     def _end_current(self) -> None:
@@ -149,13 +175,23 @@ class StartupProgress:
             return
         seconds = self._clock() - self._phase_started
         self.phase_seconds[self._phase] = round(seconds, 2)
-        self._emit("startup_phase_end", f"{self._phase} took {seconds:.1f}s", phase=self._phase,
-                   seconds=round(seconds, 2))
+        self._emit(
+            "startup_phase_end", f"{self._phase} took {seconds:.1f}s", phase=self._phase, seconds=round(seconds, 2)
+        )
 
     def _emit(self, event: str, message: str, *, level: int = logging.INFO, exc_info=None, **fields) -> None:
         self._last_line = self._clock()
-        self._log.log(level, message, exc_info=exc_info, extra={
-            "event": event, "pid": os.getpid(), "startup_s": round(self._last_line - self._started, 2), **fields})
+        self._log.log(
+            level,
+            message,
+            exc_info=exc_info,
+            extra={
+                "event": event,
+                "pid": os.getpid(),
+                "startup_s": round(self._last_line - self._started, 2),
+                **fields,
+            },
+        )
 
     def _after_fork_in_child(self) -> None:
         self._lock = threading.Lock()  # a lock held by a parent thread at fork would never be released

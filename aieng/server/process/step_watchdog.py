@@ -29,8 +29,15 @@ log = logging.getLogger("aieng.server")
 
 
 class StepWatchdog:
-    def __init__(self, runtime, timeout_s: float, *, exit_after_s: float, poll_s: float | None = None,
-                 on_stuck: Callable[[], None] | None = None):
+    def __init__(
+        self,
+        runtime,
+        timeout_s: float,
+        *,
+        exit_after_s: float,
+        poll_s: float | None = None,
+        on_stuck: Callable[[], None] | None = None,
+    ):
         self.runtime = runtime
         self.timeout_s = timeout_s
         self.exit_after_s = exit_after_s
@@ -40,7 +47,7 @@ class StepWatchdog:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def start(self) -> "StepWatchdog":
+    def start(self) -> StepWatchdog:
         self._thread = threading.Thread(target=self._run, name="aieng-step-watchdog", daemon=True)
         self._thread.start()
         return self
@@ -61,13 +68,18 @@ class StepWatchdog:
         return False
 
     def _fire(self, serving, age_s: float, shape: dict) -> None:
-        message = (f"the engine step of {serving.name}@{serving.version} has run {age_s:.0f} s, past "
-                   f"AIENG_STEP_TIMEOUT_S={self.timeout_s:g}: this worker is wedged and is being replaced; "
-                   "retry on another instance")
-        log.error("engine step stuck for %.1f s (%s); marking the worker unready and stopping it in %.0f s",
-                  age_s, ", ".join(f"{k}={v}" for k, v in shape.items()), self.exit_after_s,
-                  extra={"event": "engine_step_stuck", "version": serving.version, "step_age_s": round(age_s, 1),
-                         **shape})
+        message = (
+            f"the engine step of {serving.name}@{serving.version} has run {age_s:.0f} s, past "
+            f"AIENG_STEP_TIMEOUT_S={self.timeout_s:g}: this worker is wedged and is being replaced; "
+            "retry on another instance"
+        )
+        log.error(
+            "engine step stuck for %.1f s (%s); marking the worker unready and stopping it in %.0f s",
+            age_s,
+            ", ".join(f"{k}={v}" for k, v in shape.items()),
+            self.exit_after_s,
+            extra={"event": "engine_step_stuck", "version": serving.version, "step_age_s": round(age_s, 1), **shape},
+        )
         self.runtime.stuck = message
         self.fired.set()
 

@@ -40,13 +40,21 @@ class DrainingServer(Server):
     at its next request, to go elsewhere), closes connections idle for ``IDLE_CLOSE_S`` (a
     client that has not used its connection for a second is not about to: the race uvicorn
     loses is with a client between two back-to-back requests), and exits once no connection is
-    left (or after ``graceful_timeout``), when gunicorn starts its replacement. SIGTERM (a shutdown, or gunicorn's SIGHUP reload) ends the
+    left (or after ``graceful_timeout``), when gunicorn starts its replacement. SIGTERM (a shutdown,
+    or gunicorn's SIGHUP reload) ends the
     same way after the drain delay, except that the draining runtime answers those further
     requests with 503 ``not_ready`` (and ``Connection: close``) instead of serving them.
     """
 
-    def __init__(self, config, runtime, *, retire_after: int | None = None, retire_within_s: float = 30.0,
-                 max_memory_bytes: int = 0):
+    def __init__(
+        self,
+        config,
+        runtime,
+        *,
+        retire_after: int | None = None,
+        retire_within_s: float = 30.0,
+        max_memory_bytes: int = 0,
+    ):
         super().__init__(config)
         self.runtime = runtime
         self.retire_after = retire_after
@@ -79,9 +87,13 @@ class DrainingServer(Server):
                 connection.shutdown()
         done = not state.connections or time.monotonic() - self.retiring_since > self.retire_within_s
         if done and not exit_now:
-            log.info("worker retired: %s", "every connection closed" if not state.connections else
-                     f"{len(state.connections)} connection(s) still open after {self.retire_within_s:g} s",
-                     extra={"event": "worker_retired", "open_connections": len(state.connections)})
+            log.info(
+                "worker retired: %s",
+                "every connection closed"
+                if not state.connections
+                else f"{len(state.connections)} connection(s) still open after {self.retire_within_s:g} s",
+                extra={"event": "worker_retired", "open_connections": len(state.connections)},
+            )
         return exit_now or done
 
     def _retire_reason(self, counter: int) -> str | None:
@@ -100,10 +112,18 @@ class DrainingServer(Server):
         self.retiring_since = time.monotonic()
         for server in self.servers:
             server.close()  # no new connections: the other workers accept them
-        log.info("worker retiring (%s): no new connections, Connection: close on the next response of each of its "
-                 "%d open connection(s)", reason, len(self.server_state.connections),
-                 extra={"event": "worker_retiring", "reason": reason, "requests": self.server_state.total_requests,
-                        "open_connections": len(self.server_state.connections)})
+        log.info(
+            "worker retiring (%s): no new connections, Connection: close on the next response of each of its "
+            "%d open connection(s)",
+            reason,
+            len(self.server_state.connections),
+            extra={
+                "event": "worker_retiring",
+                "reason": reason,
+                "requests": self.server_state.total_requests,
+                "open_connections": len(self.server_state.connections),
+            },
+        )
 
     def handle_exit(self, sig, frame):
         runtime = self.runtime
@@ -139,8 +159,13 @@ class AiengUvicornWorker(UvicornWorker):
             self.config.header_timeout_s = settings.header_timeout_s
             self.config.limit_concurrency = settings.max_connections or None
         memory_mb = runtime.settings.max_worker_memory_mb if runtime is not None else 0
-        server = DrainingServer(self.config, runtime, retire_after=self.max_requests or None,
-                                retire_within_s=float(self.cfg.graceful_timeout), max_memory_bytes=memory_mb * 2**20)
+        server = DrainingServer(
+            self.config,
+            runtime,
+            retire_after=self.max_requests or None,
+            retire_within_s=float(self.cfg.graceful_timeout),
+            max_memory_bytes=memory_mb * 2**20,
+        )
         self._install_sigquit_handler()
         await server.serve(sockets=self.sockets)
         if not server.started:

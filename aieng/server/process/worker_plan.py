@@ -26,8 +26,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from aieng.host import container_limits
 from aieng.errors import ConfigError
+from aieng.host import container_limits
 
 PER_WORKER_OVERHEAD = 384 * 2**20  # interpreter, tokenizer, HTTP stack, allocator slack
 
@@ -46,9 +46,18 @@ class WorkerPlan:
     split: object = None  # aieng.host.gpus.SplitPlan, only when the weights span several GPUs of one worker
 
 
-def plan_workers(*, cores: int, available_bytes: int, weight_bytes: int, per_worker_bytes: int,
-                 device: str = "cpu", gpus: int = 0, requested: str | int = "auto",
-                 preload: bool = True, gpus_per_worker: int = 1) -> WorkerPlan:
+def plan_workers(
+    *,
+    cores: int,
+    available_bytes: int,
+    weight_bytes: int,
+    per_worker_bytes: int,
+    device: str = "cpu",
+    gpus: int = 0,
+    requested: str | int = "auto",
+    preload: bool = True,
+    gpus_per_worker: int = 1,
+) -> WorkerPlan:
     """Workers and threads per worker for ``requested`` ("auto" or a count). On CUDA, worker *i*
     is pinned to GPU *i* (``gpu_worker.py``); ``gpus_per_worker`` > 1 when the weights are split
     across GPUs (``aieng.host.gpus.split_plan``), and then one worker serves them all."""
@@ -58,16 +67,22 @@ def plan_workers(*, cores: int, available_bytes: int, weight_bytes: int, per_wor
         if workers < 1:
             raise ValueError(f"workers must be >= 1 or 'auto', got {requested}")
         if device != "cpu":
-            return WorkerPlan(workers, max(1, cores // workers), f"{workers} requested; {cores} cores split between them")
+            return WorkerPlan(
+                workers, max(1, cores // workers), f"{workers} requested; {cores} cores split between them"
+            )
         threads, why = cpu_threads(cores, workers, weight_bytes)
         return WorkerPlan(workers, threads, f"{workers} requested; {cores} cores split between them; {why}")
     if device == "cuda":
         if gpus_per_worker > 1:
-            return WorkerPlan(1, cores, f"CUDA: the weights are split across {gpus_per_worker} GPUs, one worker "
-                                        "serves them")
+            return WorkerPlan(
+                1, cores, f"CUDA: the weights are split across {gpus_per_worker} GPUs, one worker serves them"
+            )
         workers = max(1, gpus)
-        return WorkerPlan(workers, max(1, cores // workers),
-                          f"CUDA: one worker per GPU, worker i on cuda:i ({gpus} GPU(s); each needs its own context)")
+        return WorkerPlan(
+            workers,
+            max(1, cores // workers),
+            f"CUDA: one worker per GPU, worker i on cuda:i ({gpus} GPU(s); each needs its own context)",
+        )
     shared = weight_bytes if preload else 0
     private = per_worker_bytes + (0 if preload else weight_bytes)
     by_memory = max(1, (available_bytes - shared) // max(1, private))
@@ -76,8 +91,11 @@ def plan_workers(*, cores: int, available_bytes: int, weight_bytes: int, per_wor
     workers = int(min(by_memory, by_cores))
     limit = "memory" if by_memory < by_cores else "cores"
     threads, why = cpu_threads(cores, workers, weight_bytes)
-    return WorkerPlan(workers, threads,
-                      f"min(cores/2 = {by_cores}, memory fit = {by_memory}) -> {workers} (limited by {limit}); {why}")
+    return WorkerPlan(
+        workers,
+        threads,
+        f"min(cores/2 = {by_cores}, memory fit = {by_memory}) -> {workers} (limited by {limit}); {why}",
+    )
 
 
 def cpu_threads(cores: int, workers: int, weight_bytes: int) -> tuple[int, str]:
@@ -96,11 +114,15 @@ def cpu_threads(cores: int, workers: int, weight_bytes: int) -> tuple[int, str]:
     share = max(1, cores // workers)
     mib = weight_bytes / 2**20
     if weight_bytes >= COMPUTE_BOUND_WEIGHT_BYTES:
-        return share, (f"torch threads = cores/workers = {share}: {mib:.0f} MiB of weights, a step is mostly "
-                       f"matrix multiplies (>= {COMPUTE_BOUND_WEIGHT_BYTES / 2**20:.0f} MiB)")
-    return max(1, share - 1), (f"torch threads = max(1, cores/workers - 1) = {max(1, share - 1)}: {mib:.0f} MiB of weights, "
-                               f"a step is mostly Python (< {COMPUTE_BOUND_WEIGHT_BYTES / 2**20:.0f} MiB), "
-                               "so a core stays with the event loop")
+        return share, (
+            f"torch threads = cores/workers = {share}: {mib:.0f} MiB of weights, a step is mostly "
+            f"matrix multiplies (>= {COMPUTE_BOUND_WEIGHT_BYTES / 2**20:.0f} MiB)"
+        )
+    return max(1, share - 1), (
+        f"torch threads = max(1, cores/workers - 1) = {max(1, share - 1)}: {mib:.0f} MiB of weights, "
+        f"a step is mostly Python (< {COMPUTE_BOUND_WEIGHT_BYTES / 2**20:.0f} MiB), "
+        "so a core stays with the event loop"
+    )
 
 
 @dataclass(frozen=True)
@@ -117,8 +139,9 @@ def memory_needs(settings, loaded) -> MemoryNeeds:
     if loaded is None:
         return MemoryNeeds(0, 0, PER_WORKER_OVERHEAD)
     params = loaded.manifest.num_parameters if loaded.manifest else sum(p.numel() for p in loaded.model.parameters())
-    kv_bytes = kv_cache_bytes(loaded.model.config, loaded.context_length, settings.max_batch_size,
-                              loaded.dtype.itemsize)
+    kv_bytes = kv_cache_bytes(
+        loaded.model.config, loaded.context_length, settings.max_batch_size, loaded.dtype.itemsize
+    )
     if settings.kv_cache_mb:  # the static cache never holds more than its budget
         kv_bytes = min(kv_bytes, settings.kv_cache_mb * 2**20)
     weight_bytes = params * loaded.dtype.itemsize
@@ -151,18 +174,31 @@ def plan_for_model(settings, loaded) -> WorkerPlan:
         gpus = 1
     split = gpu_split(settings, gpus)
     limits = container_limits.limits()  # a container's CPU quota and memory limit, not the node's
-    plan = plan_workers(cores=limits.cores, available_bytes=limits.memory_available_bytes,
-                        weight_bytes=needs.weight_bytes, per_worker_bytes=needs.per_worker_bytes,
-                        device="cuda" if gpus else "cpu", gpus=gpus, requested=settings.workers,
-                        gpus_per_worker=split.gpus_per_worker if split else 1)
+    plan = plan_workers(
+        cores=limits.cores,
+        available_bytes=limits.memory_available_bytes,
+        weight_bytes=needs.weight_bytes,
+        per_worker_bytes=needs.per_worker_bytes,
+        device="cuda" if gpus else "cpu",
+        gpus=gpus,
+        requested=settings.workers,
+        gpus_per_worker=split.gpus_per_worker if split else 1,
+    )
     if gpus:
-        plan = replace(plan, gpus=gpus, split=split if split and split.gpus_per_worker > 1 else None,
-                       reason=f"{plan.reason}; {split.reason}" if split else plan.reason)
+        plan = replace(
+            plan,
+            gpus=gpus,
+            split=split if split and split.gpus_per_worker > 1 else None,
+            reason=f"{plan.reason}; {split.reason}" if split else plan.reason,
+        )
     if limits.source != "host":
         plan = replace(plan, reason=f"{plan.reason}; {limits.describe()}")
     if settings.torch_threads:
-        plan = replace(plan, torch_threads=settings.torch_threads,
-                       reason=plan.reason + f"; torch threads set to {settings.torch_threads}")
+        plan = replace(
+            plan,
+            torch_threads=settings.torch_threads,
+            reason=plan.reason + f"; torch threads set to {settings.torch_threads}",
+        )
     return plan
 
 

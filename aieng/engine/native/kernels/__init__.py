@@ -54,8 +54,16 @@ def arch_flags() -> list[str]:
         return []
     capability = torch.backends.cpu.get_cpu_capability()
     if capability.startswith("AVX512"):
-        return ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma", "-mf16c",
-                "-DCPU_CAPABILITY=AVX512", "-DCPU_CAPABILITY_AVX512"]
+        return [
+            "-mavx512f",
+            "-mavx512bw",
+            "-mavx512vl",
+            "-mavx512dq",
+            "-mfma",
+            "-mf16c",
+            "-DCPU_CAPABILITY=AVX512",
+            "-DCPU_CAPABILITY_AVX512",
+        ]
     if capability == "AVX2":
         return ["-mavx2", "-mfma", "-mf16c", "-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2"]
     return []
@@ -69,10 +77,25 @@ def build_command(cxx: str, output: Path) -> list[str]:
     from torch.utils.cpp_extension import include_paths, library_paths
 
     lib = library_paths()[0]
-    return [cxx, "-O3", "-std=c++17", "-w", "-fPIC", "-shared", "-fopenmp", *arch_flags(),
-            f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
-            *(f"-I{p}" for p in include_paths()), str(SOURCE), "-o", str(output),
-            f"-L{lib}", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{lib}"]
+    return [
+        cxx,
+        "-O3",
+        "-std=c++17",
+        "-w",
+        "-fPIC",
+        "-shared",
+        "-fopenmp",
+        *arch_flags(),
+        f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
+        *(f"-I{p}" for p in include_paths()),
+        str(SOURCE),
+        "-o",
+        str(output),
+        f"-L{lib}",
+        "-lc10",
+        "-ltorch_cpu",
+        f"-Wl,-rpath,{lib}",
+    ]
 
 
 def library_path(cxx: str) -> Path:
@@ -120,8 +143,11 @@ def load() -> str | None:
             _state["loaded"] = True
         except Exception as exc:  # noqa: BLE001 - any failure means: serve with PyTorch's attention
             _state["error"] = f"{type(exc).__name__}: {exc}"
-            log.warning("aieng's decode-attention kernel is unavailable, using PyTorch's attention "
-                        "(slower at long context): %s", _state["error"])
+            log.warning(
+                "aieng's decode-attention kernel is unavailable, using PyTorch's attention "
+                "(slower at long context): %s",
+                _state["error"],
+            )
         return _state["error"]
 
 

@@ -1,0 +1,187 @@
+"""The weights of a transformers Llama-family model, arranged once for the serving forward
+(``llama``): the layers' projections fused (q|k|v, gate|up) with every bias their modules carry,
+an optional bf16 copy, oneDNN-packed copies where the format plan uses them, the rotary table
+for the served context, and the compiled stack of decoder layers.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from aieng.engine.native import packed_weights
+from aieng.engine.native.compile_marks import mark_step_dynamic, own_copy
+from aieng.engine.native.llama import AttentionPlan, Dims, LayerWeights, decoder_layer, rms_norm, run_layers
+from aieng.model_facts import head_dim, kv_heads
+
+
+class NativeLlama:
+    """The weights of a transformers Llama-family model, arranged for ``decoder_layer``."""
+
+    def __init__(
+        self,
+        model,
+        *,
+        bf16_copy: bool,
+        compile_layers: bool,
+        decode_kernel: bool = False,
+        packed_from: int = 0,
+        packed_formats: frozenset[bool] = frozenset(),
+    ):
+        """``packed_from``: multiply from oneDNN-packed copies of the layers' matrices in steps of
+        at least that many tokens (``FormatPlan.packed_from``; 0: never); ``packed_formats``: the
+        formats (bf16 or not) such steps run in, the only ones packed."""
+        config, inner = model.config, model.model
+        self.model = model
+        self.embed = inner.embed_tokens
+        self.rotary = inner.rotary_emb
+        self._rotary_table: tuple[torch.Tensor, torch.Tensor] | None = None  # build_rotary_table
+        self.final_norm = inner.norm.weight
+        self.final_eps = getattr(inner.norm, "variance_epsilon", config.rms_norm_eps)
+        self.lm_head = model.lm_head.weight
+        self.layers = [_layer_weights(layer) for layer in inner.layers]
+        self.dims = Dims(
+            config.num_attention_heads,
+            kv_heads(config),
+            head_dim(config),
+            config.rms_norm_eps,
+            decode_kernel,
+            packed_from,
+        )
+        self.layers_bf16 = [w.to(torch.bfloat16) for w in self.layers] if bf16_copy else None
+        for bf16 in packed_formats if packed_from else ():
+            for w in self.weights(bf16):
+                for matrix in w.matrices:
+                    packed_weights.pack(matrix)
+        self.dtype = self.lm_head.dtype
+        # Static by default (weights, hidden size); the step's row count and attention span, and the
+        # cache's slot count and capacity, are marked dynamic (``mark_step_dynamic``,
+        # ``mark_cache_dynamic``) so one graph serves every batch of 2+ rows.
+        # size_asserts off: inductor's Python wrapper would check every buffer's size and stride on
+        # every call (dozens per layer per step); the graph's inputs are already checked by dynamo's
+        # guards and everything inside is inductor's own layout.
+        self.compiled_stack = (
+            torch.compile(own_copy(run_layers), dynamic=None, options={"size_asserts": False})
+            if compile_layers
+            else None
+        )
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    def layout(self) -> tuple:
+        """Everything the compiled stack's guards check about the weights: two models with the same
+        layout run the same graphs (weights are graph inputs, not constants)."""
+
+        def of(layers):
+            return None if layers is None else (tuple((t.shape, t.dtype) for t in layers[0].matrices), layers[0].biased)
+
+        return self.dims, self.num_layers, self.dtype, of(self.layers), of(self.layers_bf16)
+
+    def share_graphs(self, other: NativeLlama) -> bool:
+        """Use ``other``'s compiled stack when the layouts match: a hot swap to a version of the
+        same architecture then warms up without tracing or compiling anything."""
+        if self.compiled_stack is None or other.compiled_stack is None or self.layout() != other.layout():
+            return False
+        self.compiled_stack = other.compiled_stack
+        return True
+
+    def weights(self, bf16: bool) -> list[LayerWeights]:
+        return self.layers_bf16 if bf16 and self.layers_bf16 is not None else self.layers
+
+    def hidden(
+        self,
+        plan: AttentionPlan,
+        cache,
+        decode_tokens: torch.Tensor | None,
+        prefill_tokens: torch.Tensor | None,
+        prefill_positions: torch.Tensor | None,
+        *,
+        bf16: bool,
+        compiled: bool,
+    ) -> torch.Tensor:
+        """Run every layer over the decode tokens [B] (at ``plan.decode_pos``) and the prompt
+        chunks' tokens [n, C] at rotary positions [n, C]; the final hidden states [B + n·C, D],
+        decode rows first, then the chunks row by row."""
+        xd = xp = cos_d = sin_d = cos_p = sin_p = None
+        if decode_tokens is not None:
+            xd = self.embed(decode_tokens)
+            cos_d, sin_d = self.rotary_at(xd, plan.decode_pos)
+        if prefill_tokens is not None:
+            xp = self.embed(prefill_tokens)
+            n, chunk = prefill_tokens.shape
+            cos_p, sin_p = (
+                t.view(n, chunk, 1, -1) for t in self.rotary_at(xp.flatten(0, 1), prefill_positions.flatten())
+            )
+        rotary = (cos_d, sin_d, cos_p, sin_p)
+        layers = self.weights(bf16)
+        if compiled and self.compiled_stack is not None:
+            mark_step_dynamic(xd, xp, rotary, plan)
+            xd, xp = self.compiled_stack(xd, xp, rotary, layers, self.dims, cache.keys, cache.values, plan)
+        else:
+            for i, w in enumerate(layers):
+                xd, xp = decoder_layer(xd, xp, rotary, w, self.dims, cache.keys[i], cache.values[i], plan)
+        if xp is None:
+            return xd
+        return xp.flatten(0, 1) if xd is None else torch.cat([xd, xp.flatten(0, 1)])
+
+    def rotary_at(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin [N, 1, d] at ``positions``: rows of the table when there is one, else the
+        model's rotary module (whose forward costs a few kernels per step: a large share of a
+        small model's step)."""
+        if self._rotary_table is not None:
+            return self._rotary_table[0][positions], self._rotary_table[1][positions]
+        cos, sin = self.rotary(x[None], positions[None])
+        return cos[0, :, None, :], sin[0, :, None, :]
+
+    def build_rotary_table(self, positions: int) -> None:
+        """Precompute cos/sin for positions ``0..positions-1`` with the model's own rotary module
+        (the runner passes its cache capacity: no position it writes reaches it). Not for rotary
+        types whose frequencies depend on the sequence's length (dynamic NTK,
+        longrope): those keep computing per step."""
+        if getattr(self.rotary, "rope_type", "default") in ("dynamic", "longrope"):
+            return
+        with torch.inference_mode():
+            probe = torch.zeros(1, 1, dtype=self.dtype, device=self.lm_head.device)
+            cos, sin = self.rotary(probe, torch.arange(positions, device=probe.device)[None])
+        self._rotary_table = (cos[0, :, None, :].contiguous(), sin[0, :, None, :].contiguous())
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return F.linear(rms_norm(hidden, self.final_norm, self.final_eps), self.lm_head).float()
+
+
+def _fuse(modules, attribute: str) -> torch.Tensor | None:
+    """Concatenate the modules' weights (or biases) and make the modules views of the result, so
+    the transformers model keeps working (reference checks, evaluation) without a second copy."""
+    tensors = [getattr(m, attribute) for m in modules]
+    if tensors[0] is None:
+        return None
+    fused = torch.cat([t.detach() for t in tensors]).contiguous()
+    start = 0
+    for module, t in zip(modules, tensors):
+        setattr(module, attribute, torch.nn.Parameter(fused[start : start + t.shape[0]], requires_grad=False))
+        start += t.shape[0]
+    return fused
+
+
+def _layer_weights(layer) -> LayerWeights:
+    """The layer's weights and every bias its modules carry (None where a module has none)."""
+    attn, mlp = layer.self_attn, layer.mlp
+    qkv, gate_up = (attn.q_proj, attn.k_proj, attn.v_proj), (mlp.gate_proj, mlp.up_proj)
+    return LayerWeights(
+        _fuse(qkv, "weight"),
+        _fuse(qkv, "bias"),
+        attn.o_proj.weight.detach(),
+        _bias(attn.o_proj),
+        _fuse(gate_up, "weight"),
+        _fuse(gate_up, "bias"),
+        mlp.down_proj.weight.detach(),
+        _bias(mlp.down_proj),
+        layer.input_layernorm.weight.detach(),
+        layer.post_attention_layernorm.weight.detach(),
+    )
+
+
+def _bias(module) -> torch.Tensor | None:
+    return None if module.bias is None else module.bias.detach()

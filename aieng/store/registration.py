@@ -1,0 +1,90 @@
+"""Registering a model folder as a new store version: refuse what cannot be served, copy it into a
+staged directory, hash every file, write the manifest, rename into place (``staging``)."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import functools
+import shutil
+from pathlib import Path
+
+from aieng.errors import StoreError
+from aieng.host.hardware import dependency_versions, hardware_profile
+from aieng.store.hashing import hash_tree
+from aieng.store.introspect import inspect_folder
+from aieng.store.manifest import Manifest
+from aieng.store.refs import check_name
+from aieng.store.staging import owned_name, staged_directory
+from aieng.store.stamps import utc_now
+
+
+def register(store, source: Path | str, name: str, version: str, *, provenance: str | None = None) -> Manifest:
+    """Copy a safetensors model folder into the store as ``name@version`` (status ``candidate``)."""
+    source = Path(source).resolve()
+    check_name(name)
+    check_name(version, "version")
+    facts = inspect_folder(source)  # refuses pickle, non-causal-LM, remote code, no safetensors
+    target = store.version_dir(name, version)
+
+    def exists(_target: Path) -> StoreError:  # a concurrent register of the same version may win
+        return StoreError(f"{name}@{version} already exists; versions are immutable: register a new version")
+
+    # replace_empty=False: an empty versions/<v> still lists as a version, and versions are immutable.
+    with staged_directory(
+        target, tmp_name=owned_name(".registering-"), lock=store._lock(name), exists_error=exists, replace_empty=False
+    ) as tmp:
+        shutil.copytree(
+            source,
+            tmp,
+            symlinks=False,
+            dirs_exist_ok=True,
+            copy_function=functools.partial(_copy_file, store.root),
+            ignore=shutil.ignore_patterns(".*", "manifest.json", "__pycache__"),
+        )
+        manifest = Manifest(
+            name=name,
+            version=version,
+            created_at=utc_now(),
+            source=provenance or str(source),
+            files=hash_tree(tmp),
+            architecture=facts.architecture,
+            num_parameters=facts.num_parameters,
+            dtype=facts.dtype,
+            context_length=facts.context_length,
+            hardware_profile=hardware_profile(),
+            dependencies=dependency_versions(),
+            prompt_template=versioned_template(store, name, facts.prompt_template),
+        )
+        manifest.write(tmp)
+    return manifest
+
+
+def _copy_file(root: Path, src: str, dst: str) -> str:
+    """``copy2`` that stops the copy at a full disk with a clear error (``copytree`` would
+    otherwise collect one OSError per remaining file and raise them all at the end)."""
+    try:
+        return shutil.copy2(src, dst)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        raise StoreError(
+            f"no space left on device under {root} while copying {Path(src).name}; nothing "
+            f"was registered. Free space (df -h {root}) and register again"
+        ) from exc
+
+
+def versioned_template(store, name: str, template: dict | None) -> dict | None:
+    """The template entry with its ``version``: the number of a template this model shipped
+    before under the same sha256, else one more than the highest so far (1 for the first).
+    So "template 2" means the model's prompt format changed once, whatever the files say."""
+    if template is None:
+        return None
+    seen = {}
+    for version in store.versions(name):
+        with contextlib.suppress(OSError, ValueError):
+            known = Manifest.read(store.version_dir(name, version)).prompt_template or {}
+            if "sha256" in known and "version" in known:
+                seen[known["sha256"]] = known["version"]
+    number = seen.get(template["sha256"], max(seen.values(), default=0) + 1)
+    return {**template, "version": number}
