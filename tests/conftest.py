@@ -1,14 +1,30 @@
-"""Shared fixtures: the full demo model (built once and cached) and a tiny one (seconds).
+"""Shared fixtures: the full demo model (built once and cached) and a tiny one (seconds); the
+session's one real server and in-process apps; and the cost tier of every test.
 
 Heavy imports (torch, transformers) happen inside the fixtures so that test collection stays
 fast for suites that never touch a model.
+
+Cost tiers (``pytest_collection_modifyitems`` below): every collected test gets exactly one of
+``unit`` (no model, no server), ``model`` (builds or loads a model, in this process), ``server``
+(starts a real ``aieng serve`` process, or uses the session's) and ``notebook`` (an nbval cell),
+from what it uses: a fixture of ``SERVER_FIXTURES`` or ``MODEL_FIXTURES`` anywhere in its fixture
+closure, or a call of ``SERVER_CALLS`` / ``MODEL_CALLS`` in its own code or in the code of a
+fixture it uses. A tier marker written on the test wins when it is higher; the order is
+notebook > server > model > unit. ``perf`` is not a tier: it is written by hand on a test that
+asserts a timing or throughput bound, beside its tier. ``make test-fast`` runs
+``-m "not server and not notebook and not perf"``; tests/project/test_tiers.py checks the tiers.
 """
 
 from __future__ import annotations
 
+import asyncio
+import gc
+import inspect
 import json
 import os
+import re
 import shutil
+import threading
 from dataclasses import asdict
 from pathlib import Path
 
@@ -108,10 +124,18 @@ def prometheus(tmp_path):
         (tmp_path / "prometheus.yml").write_text(config.replace("127.0.0.1:8000", server_url.split("://")[-1]))
         shutil.copy(deploy / "alerts.yml", tmp_path / "alerts.yml")
         url = f"http://127.0.0.1:{free_port()}"
-        procs.append(subprocess.Popen(["prometheus", f"--config.file={tmp_path / 'prometheus.yml'}",
-                                       f"--storage.tsdb.path={tmp_path / 'data'}",
-                                       f"--web.listen-address={url.split('://')[1]}"],
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        procs.append(
+            subprocess.Popen(
+                [
+                    "prometheus",
+                    f"--config.file={tmp_path / 'prometheus.yml'}",
+                    f"--storage.tsdb.path={tmp_path / 'data'}",
+                    f"--web.listen-address={url.split('://')[1]}",
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        )
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:  # ready, and has scraped the target at least once
             try:
@@ -127,3 +151,215 @@ def prometheus(tmp_path):
     for proc in procs:
         proc.terminate()
         proc.wait(20)
+
+
+# -- the session's real server and in-process apps ------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def session_store(tmp_path_factory, demo_model_dir):
+    """A store serving the full demo model as demo@1 (current) for the whole session. Nothing
+    may change it: the session's server and in-process apps serve it to every test that reads."""
+    from aieng.store import ModelStore
+
+    store = ModelStore(tmp_path_factory.mktemp("session-store"))
+    store.register(demo_model_dir, "demo", "1")
+    store.promote("demo", "1")
+    return store
+
+
+@pytest.fixture(scope="session")
+def shared_server(session_store):
+    """ONE real 2-worker ``aieng serve`` for every test that only reads over HTTP (routes' real
+    framing, streams and disconnects, the openai client, logs, metrics, load tools): started on
+    first use, stopped when the session ends. A test that changes the server (a swap, a kill, a
+    setting) starts its own process instead; one whose subject is not the process uses
+    ``inprocess`` below. Its output (``shared_server.output()``) holds every test's lines: find
+    yours by trace id or take the lines after your request."""
+    from aieng.bench.server_process import ServerProcess
+
+    with ServerProcess(store=session_store.root, model="demo", extra_args=["--workers", "2"]) as proc:
+        yield proc
+
+
+class InProcessASGI:
+    """httpx's ``ASGITransport`` behind a synchronous transport: one event loop on a thread of
+    its own runs every request, so the app's bridge (its per-loop mailbox) sees one loop, as in a
+    worker, and a test drives the app with a plain ``httpx.Client``. Responses come back whole
+    (``ASGITransport`` collects the body), which is all a route test needs; client disconnects
+    need a socket and so a real server."""
+
+    def __init__(self, app):
+        import httpx
+
+        self._inner = httpx.ASGITransport(app=app)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="asgi-loop", daemon=True)
+        self._thread.start()
+
+    def transport(self):
+        import httpx
+
+        outer = self
+
+        class Transport(httpx.BaseTransport):
+            def handle_request(self, request):
+                return outer.handle(request)
+
+        return Transport()
+
+    def handle(self, request):
+        import httpx
+
+        body = request.read()
+
+        async def call():
+            forwarded = httpx.Request(request.method, request.url, headers=request.headers, content=body)
+            response = await self._inner.handle_async_request(forwarded)
+            return response.status_code, response.headers.raw, b"".join([part async for part in response.stream])
+
+        status, headers, content = asyncio.run_coroutine_threadsafe(call(), self._loop).result()
+        return httpx.Response(status, headers=headers, stream=httpx.ByteStream(content))
+
+    def close(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+
+
+@pytest.fixture(scope="session")
+def inprocess():
+    """``start(store_root, model="demo", **settings) -> httpx.Client``: ``create_app`` over a
+    ``Runtime`` built in this process (verify, load, engine, warm-up, engine thread: what a worker
+    does, without gunicorn or a socket; the worker plan is logged, not applied), reached through
+    ``InProcessASGI``. ``settings`` are
+    ``Settings`` fields on top of the environment's, as ``aieng serve`` reads them; compilation
+    is off and the store is not polled. The client has ``.runtime``; everything stops at the end
+    of the session."""
+    import httpx
+
+    from aieng.server.http.app import create_app
+    from aieng.server.process.runtime import Runtime, RuntimeConfig
+    from aieng.server.process.worker_plan import plan_for_model
+    from aieng.settings import Settings
+
+    started = []
+
+    def start(store_root, model: str = "demo", **settings):
+        chosen = Settings.from_env(
+            **{"compile": False, "reload_poll_s": 0.0, **settings, "store": Path(store_root), "model": model}
+        )
+        runtime = Runtime(RuntimeConfig.from_settings(chosen))
+        runtime.prepare()
+        gc.unfreeze()  # prepare() freezes what it loaded for fork's sake; this process does not fork
+        # logged with the engine's choices (serving_plan) as in aieng serve; its thread count is not
+        # applied: torch's threads are this test process's
+        runtime.worker_plan = plan_for_model(chosen, runtime.loaded)
+        runtime.start(background_warmup=False)
+        app = create_app(
+            runtime, max_body_bytes=chosen.max_body_bytes, body_timeout_s=chosen.body_timeout_s, start_runtime=False
+        )
+        asgi = InProcessASGI(app)
+        client = httpx.Client(transport=asgi.transport(), base_url="http://aieng.inprocess", timeout=60)
+        client.runtime = runtime
+        started.append((client, asgi, runtime))
+        return client
+
+    yield start
+    for client, asgi, runtime in started:
+        client.close()
+        runtime.stop()
+        asgi.close()
+
+
+@pytest.fixture(scope="session")
+def inprocess_demo(inprocess, session_store):
+    """The demo model's app with default settings, in this process (``inprocess``), for the session."""
+    return inprocess(session_store.root)
+
+
+# -- cost tiers -----------------------------------------------------------------------------------
+
+TIERS = ("unit", "model", "server", "notebook")  # cheapest first; the highest that applies wins
+#: Fixtures that start a real server process (or hand out the session's).
+SERVER_FIXTURES = frozenset(
+    {"shared_server", "server", "two_workers", "strict_server", "live_server", "prometheus", "balancer"}
+)
+#: Fixtures that build or load a model (weights, a tokenizer built for one, an engine on one).
+MODEL_FIXTURES = frozenset(
+    {
+        "demo_model_dir",
+        "tiny_demo_dir",
+        "tiny_shape_model_dir",
+        "demo_store",
+        "session_store",
+        "inprocess",
+        "inprocess_demo",
+        "demo",
+        "qwen",
+        "engine",
+        "real_model_dirs",
+        "real_tokenizer",
+        "tiny_llama",
+        "_tiny_llama_template",
+    }
+)
+#: Calls that start a real server, or build or load a model, when a test or fixture makes them itself.
+SERVER_CALLS = re.compile(r"\bServerProcess\(")
+MODEL_CALLS = re.compile(
+    r"\b(?:from_pretrained|ForCausalLM|build_demo_model|build_shape_model|load_version|"
+    r"make_tiny_llama|build_row_model|evaluate_dir)\("
+)
+
+
+def _source(function) -> str:
+    try:
+        return inspect.getsource(function)
+    except (OSError, TypeError):
+        return ""
+
+
+def cost_tier(item) -> str:
+    """The one tier of ``item``: the highest of its own tier markers and what it uses."""
+    if type(item).__name__ == "IPyNbCell":
+        return "notebook"
+    found = {mark.name for mark in item.iter_markers() if mark.name in TIERS}
+    names = set(getattr(item, "fixturenames", ()))
+    codes = [_source(getattr(item, "function", None))]
+    info = getattr(item, "_fixtureinfo", None)
+    for name in names:
+        for fixturedef in info.name2fixturedefs.get(name, ()) if info else ():
+            codes.append(_source(fixturedef.func))
+    if names & SERVER_FIXTURES or any(SERVER_CALLS.search(code) for code in codes):
+        found.add("server")
+    if names & MODEL_FIXTURES or any(MODEL_CALLS.search(code) for code in codes):
+        found.add("model")
+    return max(found, key=TIERS.index, default="unit")
+
+
+_TIER_ROWS = pytest.StashKey[list]()
+
+
+def pytest_collection_modifyitems(config, items):
+    """Runs before ``-m`` deselects: the markers it adds are what ``-m`` selects on."""
+    for item in items:
+        tier = cost_tier(item)
+        if not any(mark.name == tier for mark in item.iter_markers()):
+            item.add_marker(tier)
+    rows = [
+        {
+            "nodeid": item.nodeid,
+            "tiers": sorted({m.name for m in item.iter_markers() if m.name in TIERS}),
+            "perf": item.get_closest_marker("perf") is not None,
+        }
+        for item in items
+    ]
+    config.stash[_TIER_ROWS] = rows
+    report = os.environ.get("AIENG_TIERS_REPORT")  # a collection run of tests/project/test_tiers.py
+    if report:
+        Path(report).write_text(json.dumps(rows))
+
+
+@pytest.fixture(scope="session")
+def collected_tiers(request) -> list[dict]:
+    """What this session collected, before ``-m`` deselected any: nodeid, tiers, perf."""
+    return request.config.stash.get(_TIER_ROWS, [])

@@ -25,8 +25,15 @@ def many_host_cores(monkeypatch):
 
 
 def test_cgroup_v2_quota_and_memory_limit(tmp_path, many_host_cores):
-    root = write(tmp_path, **{"cpu.max": "250000 100000\n", "memory.max": str(4 * GiB),
-                              "memory.current": str(3 * GiB), "memory.stat": f"anon 1\ninactive_file {GiB // 2}\n"})
+    root = write(
+        tmp_path,
+        **{
+            "cpu.max": "250000 100000\n",
+            "memory.max": str(4 * GiB),
+            "memory.current": str(3 * GiB),
+            "memory.stat": f"anon 1\ninactive_file {GiB // 2}\n",
+        },
+    )
     limits = container_limits.limits(root)
     assert limits.cores == 3  # 2.5 CPUs of quota: a third thread still gets half a core
     assert limits.memory_limit_bytes == 4 * GiB
@@ -41,9 +48,15 @@ def test_cgroup_v2_without_limits_is_the_host(tmp_path, many_host_cores):
 
 
 def test_cgroup_v1_quota_and_unlimited_memory(tmp_path, many_host_cores):
-    root = write(tmp_path, **{"cpu/cpu.cfs_quota_us": "200000", "cpu/cpu.cfs_period_us": "100000",
-                              "memory/memory.limit_in_bytes": "9223372036854771712",
-                              "memory/memory.usage_in_bytes": "1"})
+    root = write(
+        tmp_path,
+        **{
+            "cpu/cpu.cfs_quota_us": "200000",
+            "cpu/cpu.cfs_period_us": "100000",
+            "memory/memory.limit_in_bytes": "9223372036854771712",
+            "memory/memory.usage_in_bytes": "1",
+        },
+    )
     limits = container_limits.limits(root)
     assert (limits.cores, limits.memory_limit_bytes, limits.source) == (2, None, "cgroup v1")
 
@@ -63,6 +76,7 @@ def test_no_cgroup_files_at_all(tmp_path, many_host_cores):
 def test_a_two_cpu_pod_on_a_64_core_node_plans_for_two_cores(tmp_path, many_host_cores):
     root = write(tmp_path, **{"cpu.max": "200000 100000", "memory.max": str(8 * GiB), "memory.current": "0"})
     limits = container_limits.limits(root)
-    plan = plan_workers(cores=limits.cores, available_bytes=limits.memory_available_bytes, weight_bytes=2**20,
-                        per_worker_bytes=2**20)
+    plan = plan_workers(
+        cores=limits.cores, available_bytes=limits.memory_available_bytes, weight_bytes=2**20, per_worker_bytes=2**20
+    )
     assert plan.workers * plan.torch_threads <= 2

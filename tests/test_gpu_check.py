@@ -13,7 +13,12 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_the_gpu_check_refuses_a_host_without_cuda_with_exit_status_2(tmp_path):
     import sys
 
-    run = subprocess.run([ROOT / "scripts" / "gpu_check.sh", "--out", tmp_path], capture_output=True, text=True,
-                         env={"PYTHON": sys.executable, "PATH": "/usr/bin:/bin"}, timeout=120)
+    run = subprocess.run(
+        [ROOT / "scripts" / "gpu_check.sh", "--out", tmp_path],
+        capture_output=True,
+        text=True,
+        env={"PYTHON": sys.executable, "PATH": "/usr/bin:/bin"},
+        timeout=120,
+    )
     assert run.returncode == 2 and "no CUDA device" in run.stderr
     assert not (tmp_path / "gpu_check.json").exists()

@@ -6,8 +6,8 @@ import types
 import pytest
 import torch
 
-from aieng.host import gpus
 from aieng.errors import ModelLoadError
+from aieng.host import gpus
 from aieng.server.process.gpu_worker import fit_kv_to_gpu, pin_worker, pre_fork_for
 from aieng.server.process.worker_plan import plan_workers
 
@@ -31,8 +31,9 @@ class FakeArbiter:
 
 @pytest.mark.parametrize("count", [1, 2, 4])
 def test_worker_i_is_pinned_to_gpu_i_and_a_replacement_takes_the_dead_workers_gpu(count):
-    plan = plan_workers(cores=32, available_bytes=64 * GiB, weight_bytes=GiB, per_worker_bytes=GiB, device="cuda",
-                        gpus=count)
+    plan = plan_workers(
+        cores=32, available_bytes=64 * GiB, weight_bytes=GiB, per_worker_bytes=GiB, device="cuda", gpus=count
+    )
     assert plan.workers == count
     arbiter, hook = FakeArbiter(), pre_fork_for(count)
     forked = [arbiter.fork(hook) for _ in range(plan.workers)]
@@ -67,21 +68,32 @@ def test_weights_that_fit_one_gpu_stay_on_one_and_larger_ones_are_split_across_a
     totals = [80 * GiB] * 4
     assert gpus.split_plan(60 * GiB, totals, 0.9).gpus_per_worker == 1
     two = gpus.split_plan(100 * GiB, totals, 0.9)  # each GPU takes at most 0.8 x 0.9 x 80 GiB = 57.6 GiB of weights
-    assert two.gpus_per_worker == 2 and two.max_memory == {0: int(80 * GiB * 0.9 * 0.8)} | {1: int(80 * GiB * 0.9 * 0.8)}
+    assert two.gpus_per_worker == 2 and two.max_memory == {0: int(80 * GiB * 0.9 * 0.8)} | {
+        1: int(80 * GiB * 0.9 * 0.8)
+    }
     assert gpus.split_plan(160 * GiB, totals, 0.9).gpus_per_worker == 3
     with pytest.raises(ModelLoadError, match="do not fit in 0.8 of 0.9 of all 4 GPU"):
         gpus.split_plan(240 * GiB, totals, 0.9)  # fits the four shares (288 GiB), not with room for the KV cache
-    plan = plan_workers(cores=32, available_bytes=0, weight_bytes=0, per_worker_bytes=0, device="cuda", gpus=4,
-                        gpus_per_worker=two.gpus_per_worker)
+    plan = plan_workers(
+        cores=32,
+        available_bytes=0,
+        weight_bytes=0,
+        per_worker_bytes=0,
+        device="cuda",
+        gpus=4,
+        gpus_per_worker=two.gpus_per_worker,
+    )
     assert plan.workers == 1 and "split across 2 GPUs" in plan.reason
 
 
 def test_kv_budget_is_the_share_left_after_weights_and_the_measured_peak_and_never_more_than_is_free():
-    budget = gpus.kv_budget(total=80 * GiB, free=70 * GiB, fraction=0.9, allocated=14 * GiB,
-                            peak_activations=2 * GiB, safety=0.05)
+    budget = gpus.kv_budget(
+        total=80 * GiB, free=70 * GiB, fraction=0.9, allocated=14 * GiB, peak_activations=2 * GiB, safety=0.05
+    )
     assert budget == int(80 * GiB * 0.85) - 16 * GiB  # 52 GiB: the share binds
-    crowded = gpus.kv_budget(total=80 * GiB, free=20 * GiB, fraction=0.9, allocated=14 * GiB,
-                             peak_activations=2 * GiB, safety=0.05)
+    crowded = gpus.kv_budget(
+        total=80 * GiB, free=20 * GiB, fraction=0.9, allocated=14 * GiB, peak_activations=2 * GiB, safety=0.05
+    )
     assert crowded == 20 * GiB - 2 * GiB - int(80 * GiB * 0.05)  # another process holds the card: free binds
     assert gpus.kv_budget(total=GiB, free=GiB, fraction=0.5, allocated=GiB, peak_activations=0) == 0
 
@@ -95,8 +107,11 @@ def fake_cuda(monkeypatch, *, free, total, allocated, peak):
     monkeypatch.setattr(cuda, "reset_peak_memory_stats", lambda device=None: calls.append("reset_peak"))
     monkeypatch.setattr(cuda, "max_memory_allocated", lambda device=None: allocated + peak)
     monkeypatch.setattr(cuda, "mem_get_info", lambda device=None: (free, total))
-    monkeypatch.setattr(cuda, "set_per_process_memory_fraction",
-                        lambda fraction, device=None: calls.append(("fraction", fraction, str(device))))
+    monkeypatch.setattr(
+        cuda,
+        "set_per_process_memory_fraction",
+        lambda fraction, device=None: calls.append(("fraction", fraction, str(device))),
+    )
     return calls
 
 
@@ -113,8 +128,9 @@ def test_the_kv_budget_is_measured_after_a_probe_forward(monkeypatch):
     budget, figures = gpus.measure_kv_budget(torch.device("cuda", 0), 0.9, lambda: probed.append(True))
     assert probed == [True] and "reset_peak" in calls
     assert figures["activation_peak"] == 3 * GiB and figures["weights"] == 14 * GiB and figures["free"] == 60 * GiB
-    assert budget == gpus.kv_budget(total=80 * GiB, free=60 * GiB, fraction=0.9, allocated=14 * GiB,
-                                    peak_activations=3 * GiB)
+    assert budget == gpus.kv_budget(
+        total=80 * GiB, free=60 * GiB, fraction=0.9, allocated=14 * GiB, peak_activations=3 * GiB
+    )
     assert gpus.measure_kv_budget(torch.device("cpu"), 0.9, lambda: probed.append(True)) == (0, {})
     assert probed == [True]  # no probe off CUDA
 
@@ -130,10 +146,21 @@ def runtime_on_fake_gpu(monkeypatch, tiny_shape_model_dir, budget, **settings):
     runtime.loaded = load_folder(tiny_shape_model_dir, LoadConfig(device="cpu"))
     runtime.loaded.device = torch.device("cuda", 0)  # the figures below are what a GPU would report
     probes = []
-    monkeypatch.setattr(gpu_worker, "measure_kv_budget",
-                        lambda device, fraction, probe: (probes.append(fraction) or budget, {
-                            "total": 80 * GiB, "free": 70 * GiB, "fraction": fraction, "weights": GiB,
-                            "activation_peak": GiB, "kv_budget": budget}))
+    monkeypatch.setattr(
+        gpu_worker,
+        "measure_kv_budget",
+        lambda device, fraction, probe: (
+            probes.append(fraction) or budget,
+            {
+                "total": 80 * GiB,
+                "free": 70 * GiB,
+                "fraction": fraction,
+                "weights": GiB,
+                "activation_peak": GiB,
+                "kv_budget": budget,
+            },
+        ),
+    )
     return runtime, probes
 
 
@@ -153,7 +180,9 @@ def test_admission_holds_only_the_rows_the_measured_budget_fits(monkeypatch, tin
     # hot swaps on (the default polls the store): room for the next version's weights (1 GiB here) comes first
     runtime, _ = runtime_on_fake_gpu(monkeypatch, tiny_shape_model_dir, budget=GiB + 3 * per_row, reload_poll_s=1.0)
     figures = fit_kv_to_gpu(runtime)
-    assert figures["swap_reserve"] == GiB and figures["rows"] == 3 and runtime.config.engine.kv_cache_bytes == 3 * per_row
+    assert (
+        figures["swap_reserve"] == GiB and figures["rows"] == 3 and runtime.config.engine.kv_cache_bytes == 3 * per_row
+    )
 
 
 def test_off_cuda_nothing_is_measured(tiny_shape_model_dir):

@@ -34,16 +34,30 @@ def test_a_mirrored_setting_has_its_config_default(name):
 
 
 def test_runtime_config_passes_every_mirrored_setting_on():
-    changed = Settings(compile=False, int8=True, max_batch_size=7, max_batch_tokens=99, max_queue=5,
-                       max_queue_delay_ms=3.0, request_timeout_s=9.0, drain_delay_s=0.25)
+    changed = Settings(
+        compile=False,
+        int8=True,
+        max_batch_size=7,
+        max_batch_tokens=99,
+        max_queue=5,
+        max_queue_delay_ms=3.0,
+        request_timeout_s=9.0,
+        drain_delay_s=0.25,
+    )
     config = RuntimeConfig.from_settings(changed)
     assert (config.engine.compile, config.engine.quantize_int8) == (False, True)
-    assert (config.scheduler.max_batch_size, config.scheduler.max_batch_tokens, config.scheduler.max_queue,
-            config.scheduler.max_queue_delay_ms, config.scheduler.default_timeout_s) == (7, 99, 5, 3.0, 9.0)
+    assert (
+        config.scheduler.max_batch_size,
+        config.scheduler.max_batch_tokens,
+        config.scheduler.max_queue,
+        config.scheduler.max_queue_delay_ms,
+        config.scheduler.default_timeout_s,
+    ) == (7, 99, 5, 3.0, 9.0)
     assert config.drain_delay_s == 0.25
     assert RuntimeConfig(settings=Settings()).drain_delay_s == Settings().drain_delay_s
-    assert LoadConfig.from_settings(Settings(device="cpu", dtype="float16")) == LoadConfig(device="cpu",
-                                                                                         dtype="float16")
+    assert LoadConfig.from_settings(Settings(device="cpu", dtype="float16")) == LoadConfig(
+        device="cpu", dtype="float16"
+    )
 
 
 def test_a_notebook_builds_the_engine_aieng_serve_builds():
@@ -67,12 +81,18 @@ def test_environment_then_flags(monkeypatch):
     monkeypatch.setenv("AIENG_COMPILE", "off")
     monkeypatch.setenv("AIENG_LOG_PAYLOAD_SAMPLE", "0.5")
     settings = Settings.from_env(port=9000)
-    assert (settings.max_batch_size, settings.compile, settings.log_payload_sample, settings.port) == (8, False, 0.5, 9000)
+    assert (settings.max_batch_size, settings.compile, settings.log_payload_sample, settings.port) == (
+        8,
+        False,
+        0.5,
+        9000,
+    )
     assert Settings.from_env(max_batch_size="4").max_batch_size == 4  # flags may arrive as strings
 
 
-@pytest.mark.parametrize("name,raw", [("AIENG_PORT", "http"), ("AIENG_COMPILE", "maybe"),
-                                      ("AIENG_LOG_PAYLOAD_SAMPLE", "1.5")])
+@pytest.mark.parametrize(
+    "name,raw", [("AIENG_PORT", "http"), ("AIENG_COMPILE", "maybe"), ("AIENG_LOG_PAYLOAD_SAMPLE", "1.5")]
+)
 def test_a_bad_value_names_the_variable(monkeypatch, name, raw):
     monkeypatch.setenv(name, raw)
     with pytest.raises(ConfigError, match=name):

@@ -8,12 +8,23 @@ import json
 import numpy as np
 import pytest
 
-from aieng.bench.gguf_export import (GGUFExportError, cached_export, export_gguf, model_key, permute_qk,
-                                     unpermute_qk)
+from aieng.bench.gguf_export import GGUFExportError, cached_export, export_gguf, model_key, permute_qk, unpermute_qk
 
-PROMPTS = ["reverse: apple stone river moon", "add: 27+58", "json: name=ana age=31 city=oslo", "sort: river apple stone"]
-TEXTS = ["hello world", "  two  spaces\tand a tab\n", "digits 1234567890 and 3.14", "ünïcödé ✓ 🦙",
-         '{"a": [1, 2]}', "<|user|>hi<|end|><|assistant|>", "<|pad|><|bos|>x<|system|>"]
+PROMPTS = [
+    "reverse: apple stone river moon",
+    "add: 27+58",
+    "json: name=ana age=31 city=oslo",
+    "sort: river apple stone",
+]
+TEXTS = [
+    "hello world",
+    "  two  spaces\tand a tab\n",
+    "digits 1234567890 and 3.14",
+    "ünïcödé ✓ 🦙",
+    '{"a": [1, 2]}',
+    "<|user|>hi<|end|><|assistant|>",
+    "<|pad|><|bos|>x<|system|>",
+]
 
 
 def test_permute_qk_interleaves_each_heads_halves():
@@ -39,9 +50,15 @@ def test_a_non_llama_folder_is_refused_with_a_reason(tmp_path):
 def test_a_tokenizer_llama_cpp_would_split_differently_is_refused(tmp_path):
     config = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 4}
     (tmp_path / "config.json").write_text(json.dumps(config))
-    (tmp_path / "tokenizer.json").write_text(json.dumps({
-        "model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}, "normalizer": None,
-        "pre_tokenizer": {"type": "Metaspace", "replacement": "_"}}))
+    (tmp_path / "tokenizer.json").write_text(
+        json.dumps(
+            {
+                "model": {"type": "BPE", "vocab": {"a": 0}, "merges": []},
+                "normalizer": None,
+                "pre_tokenizer": {"type": "Metaspace", "replacement": "_"},
+            }
+        )
+    )
     with pytest.raises(GGUFExportError, match="pre-tokenizer .*Metaspace.* has no llama.cpp equivalent"):
         export_gguf(tmp_path, tmp_path / "m.gguf")
 
@@ -72,7 +89,6 @@ def _fields(reader) -> dict:
     return out
 
 
-@pytest.mark.slow
 def test_metadata_and_tensors_read_back(exported, hf):
     from gguf import GGMLQuantizationType, GGUFReader
 
@@ -93,12 +109,27 @@ def test_metadata_and_tensors_read_back(exported, hf):
 
         tensors = {t.name: t for t in reader.tensors}
         expected = {"token_embd.weight", "output_norm.weight"} | {
-            f"blk.{i}.{n}.weight" for i in range(config["num_hidden_layers"])
-            for n in ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up",
-                      "ffn_down")}
+            f"blk.{i}.{n}.weight"
+            for i in range(config["num_hidden_layers"])
+            for n in (
+                "attn_norm",
+                "attn_q",
+                "attn_k",
+                "attn_v",
+                "attn_output",
+                "ffn_norm",
+                "ffn_gate",
+                "ffn_up",
+                "ffn_down",
+            )
+        }
         assert set(tensors) == expected  # tied embeddings: no output.weight, llama.cpp reuses token_embd
-        hf_names = {"token_embd.weight": "model.embed_tokens.weight", "blk.0.ffn_down.weight": "model.layers.0.mlp.down_proj.weight",
-                    "blk.2.attn_v.weight": "model.layers.2.self_attn.v_proj.weight", "output_norm.weight": "model.norm.weight"}
+        hf_names = {
+            "token_embd.weight": "model.embed_tokens.weight",
+            "blk.0.ffn_down.weight": "model.layers.0.mlp.down_proj.weight",
+            "blk.2.attn_v.weight": "model.layers.2.self_attn.v_proj.weight",
+            "output_norm.weight": "model.norm.weight",
+        }
         for name, hf_name in hf_names.items():  # GGUF lists dims innermost first
             assert list(tensors[name].shape) == list(reversed(weights[hf_name].shape))
         for name, t in tensors.items():
@@ -107,12 +138,13 @@ def test_metadata_and_tensors_read_back(exported, hf):
             assert t.tensor_type == want, name
         f32 = tensors["blk.2.attn_v.weight"]
         if fmt == "f32":
-            assert np.array_equal(np.asarray(f32.data).reshape(weights["model.layers.2.self_attn.v_proj.weight"].shape),
-                                  weights["model.layers.2.self_attn.v_proj.weight"])
+            assert np.array_equal(
+                np.asarray(f32.data).reshape(weights["model.layers.2.self_attn.v_proj.weight"].shape),
+                weights["model.layers.2.self_attn.v_proj.weight"],
+            )
     assert exported["q8_0"].stat().st_size < exported["f32"].stat().st_size / 3
 
 
-@pytest.mark.slow
 def test_tokenizer_is_embedded_with_its_special_tokens(exported, hf):
     from gguf import GGUFReader, TokenType
 
@@ -134,22 +166,22 @@ def test_tokenizer_is_embedded_with_its_special_tokens(exported, hf):
     assert kv["tokenizer.chat_template"] == tokenizer.chat_template
 
 
-@pytest.mark.slow
 def test_q_and_k_are_permuted_and_undo_exactly(exported, hf):
     from gguf import GGUFReader
 
     config, _, weights = hf
     tensors = {t.name: t for t in GGUFReader(exported["f32"]).tensors}
     for i in range(config["num_hidden_layers"]):
-        for short, hf_short, heads in (("attn_q", "q_proj", config["num_attention_heads"]),
-                                       ("attn_k", "k_proj", config["num_key_value_heads"])):
+        for short, hf_short, heads in (
+            ("attn_q", "q_proj", config["num_attention_heads"]),
+            ("attn_k", "k_proj", config["num_key_value_heads"]),
+        ):
             original = weights[f"model.layers.{i}.self_attn.{hf_short}.weight"]
             stored = np.asarray(tensors[f"blk.{i}.{short}.weight"].data).reshape(original.shape)
             assert not np.array_equal(stored, original)  # really permuted
             assert np.array_equal(unpermute_qk(stored, heads), original)
 
 
-@pytest.mark.slow
 def test_q8_0_dequantizes_close_to_the_weights(exported, hf):
     from gguf import GGUFReader
     from gguf.quants import dequantize
@@ -163,7 +195,6 @@ def test_q8_0_dequantizes_close_to_the_weights(exported, hf):
     assert np.all(np.abs(restored - original).reshape(-1, 32) <= block_max / 127 + 1e-6)  # half a step, and fp16 scale
 
 
-@pytest.mark.slow
 def test_cached_export_converts_once_per_model(demo_model_dir, tmp_path):
     first = cached_export(demo_model_dir, tmp_path, "q8_0")
     stamp = first.stat().st_mtime_ns
@@ -179,7 +210,6 @@ def llama_cpp():
     return pytest.importorskip("llama_cpp")
 
 
-@pytest.mark.slow
 def test_llama_cpp_tokenizes_exactly_like_the_hf_tokenizer(llama_cpp, exported, hf):
     from aieng.bench.engine_bench import render_prompts
 
@@ -193,7 +223,6 @@ def test_llama_cpp_tokenizes_exactly_like_the_hf_tokenizer(llama_cpp, exported, 
     assert vocab.token_eos() == tokenizer.eos_token_id and vocab.token_bos() == tokenizer.bos_token_id
 
 
-@pytest.mark.slow
 def test_llama_cpp_greedy_ids_equal_the_aieng_engine(llama_cpp, exported, hf, demo_model_dir):
     from transformers import AutoModelForCausalLM
 
@@ -204,7 +233,9 @@ def test_llama_cpp_greedy_ids_equal_the_aieng_engine(llama_cpp, exported, hf, de
     model = AutoModelForCausalLM.from_pretrained(demo_model_dir, local_files_only=True).eval()
     prompts = [tokenizer.encode(user_prompt(tokenizer, p), add_special_tokens=False) for p in PROMPTS]
     engine = Engine(model, tokenizer, config=EngineConfig(compile=False))
-    ours = [r.token_ids for r in engine.generate(prompts, SamplingParams(max_tokens=16, temperature=0, ignore_eos=True))]
+    ours = [
+        r.token_ids for r in engine.generate(prompts, SamplingParams(max_tokens=16, temperature=0, ignore_eos=True))
+    ]
     llm = llama_cpp.Llama(str(exported["f32"]), n_ctx=256, n_threads=1, verbose=False)
     for ids, want in zip(prompts, ours):
         llm.reset()

@@ -31,9 +31,30 @@ def test_schema_for_keeps_field_order_and_types():
 
 
 def test_bench_grammar_cli_reports_cost_and_effect(demo_store):
-    result = subprocess.run([sys.executable, "-m", "aieng", "--store", str(demo_store.root), "bench", "grammar",
-                             "--model", "demo", "--batch", "4", "--new-tokens", "8", "--repeats", "1",
-                             "--no-compile", "--json"], capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "aieng",
+            "--store",
+            str(demo_store.root),
+            "bench",
+            "grammar",
+            "--model",
+            "demo",
+            "--batch",
+            "4",
+            "--new-tokens",
+            "8",
+            "--repeats",
+            "1",
+            "--no-compile",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr
     out = json.loads(result.stdout)
     assert set(out["cost"]) == {"forced", "json_task"}

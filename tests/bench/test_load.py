@@ -5,16 +5,17 @@ import math
 
 import pytest
 
-from aieng.bench.load import plain_content_chunk, percentile, run_load
+from aieng.bench.load import percentile, plain_content_chunk, run_load
 from aieng.bench.serve_bench import request_bodies
-from aieng.bench.server_process import ServerProcess
 
-AIENG_MID = 'data: {"id":"c","object":"text_completion","created":1,"model":"demo","choices":[{"index":0,"text":" apple","logprobs":null,"finish_reason":null}]}'
-AIENG_LAST = 'data: {"id":"c","object":"text_completion","created":1,"model":"demo","choices":[{"index":0,"text":"","logprobs":null,"finish_reason":"length"}]}'
-AIENG_USAGE = 'data: {"id":"c","object":"text_completion","created":1,"model":"demo","choices":[],"usage":{"prompt_tokens":8,"completion_tokens":32,"total_tokens":40}}'
-PEER_MID = 'data: {"id":"9","choices":[{"index":0,"text":" apple"}],"created":1,"model":"/m","object":"text_completion"}'
-PEER_LAST = 'data: {"id":"9","choices":[{"finish_reason":"length","index":0,"text":""}],"created":1,"model":"/m","object":"text_completion","usage":{"completion_tokens":8,"prompt_tokens":8,"total_tokens":16}}'
-CHAT_ROLE = 'data: {"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}'
+AIENG_MID = 'data: {"id":"c","object":"text_completion","created":1,"model":"demo","choices":[{"index":0,"text":" apple","logprobs":null,"finish_reason":null}]}'  # noqa: E501 (a real stream line)
+AIENG_LAST = 'data: {"id":"c","object":"text_completion","created":1,"model":"demo","choices":[{"index":0,"text":"","logprobs":null,"finish_reason":"length"}]}'  # noqa: E501 (a real stream line)
+AIENG_USAGE = 'data: {"id":"c","object":"text_completion","created":1,"model":"demo","choices":[],"usage":{"prompt_tokens":8,"completion_tokens":32,"total_tokens":40}}'  # noqa: E501 (a real stream line)
+PEER_MID = (
+    'data: {"id":"9","choices":[{"index":0,"text":" apple"}],"created":1,"model":"/m","object":"text_completion"}'
+)
+PEER_LAST = 'data: {"id":"9","choices":[{"finish_reason":"length","index":0,"text":""}],"created":1,"model":"/m","object":"text_completion","usage":{"completion_tokens":8,"prompt_tokens":8,"total_tokens":16}}'  # noqa: E501 (a real stream line)
+CHAT_ROLE = 'data: {"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}'  # noqa: E501 (a real stream line)
 ERROR = 'data: {"error":{"message":"out of memory","type":"server_error","param":null,"code":"out_of_memory"}}'
 
 
@@ -31,9 +32,9 @@ def test_percentile_picks_the_nearest_rank():
 
 
 @pytest.fixture(scope="module")
-def server(demo_store):
-    with ServerProcess(store=demo_store.root, model="demo", extra_args=["--workers", "1"]) as proc:
-        yield proc
+def server(shared_server):
+    """A real server, which these tests only read: the session's."""
+    return shared_server
 
 
 def test_load_against_a_real_server_counts_every_token(server, demo_model_dir):

@@ -16,7 +16,7 @@ import httpx
 import psutil
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.server  # each test's child starts a real server
 
 OWNER = textwrap.dedent("""
     import json, sys
@@ -46,8 +46,9 @@ def _answers(url: str) -> bool:
 
 
 def _start_owner(store) -> tuple[subprocess.Popen, dict, list[int]]:
-    owner = subprocess.Popen([sys.executable, "-c", OWNER, str(store.root)], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, text=True)
+    owner = subprocess.Popen(
+        [sys.executable, "-c", OWNER, str(store.root)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     line = owner.stdout.readline()
     assert line, f"the owner exited with {owner.wait()} before its server was ready"
     server = json.loads(line)

@@ -7,9 +7,28 @@ import pytest
 
 from aieng.bench.server_process import ServerProcess, ServerStartError
 
-COMMANDS = [[], ["demo"], ["demo", "build"], ["demo", "install"], ["model"], ["model", "register"], ["model", "list"],
-            ["model", "show"], ["model", "verify"], ["model", "promote"], ["model", "rollback"], ["model", "remove"], ["release"], ["release", "watch"],
-            ["model", "convert"], ["model", "history"], ["model", "inspect"], ["eval"], ["serve"], ["bench", "grammar"]]
+COMMANDS = [
+    [],
+    ["demo"],
+    ["demo", "build"],
+    ["demo", "install"],
+    ["model"],
+    ["model", "register"],
+    ["model", "list"],
+    ["model", "show"],
+    ["model", "verify"],
+    ["model", "promote"],
+    ["model", "rollback"],
+    ["model", "remove"],
+    ["release"],
+    ["release", "watch"],
+    ["model", "convert"],
+    ["model", "history"],
+    ["model", "inspect"],
+    ["eval"],
+    ["serve"],
+    ["bench", "grammar"],
+]
 
 
 def aieng(*args, store=None):
@@ -31,8 +50,12 @@ def test_serve_help_documents_the_settings():
 
 def test_store_workflow_and_failures(tmp_path, tiny_demo_dir):
     store = tmp_path / "store"
-    assert aieng("model", "register", str(tiny_demo_dir), "--name", "tiny", "--version", "1", store=store).returncode == 0
-    assert aieng("model", "register", str(tiny_demo_dir), "--name", "tiny", "--version", "2", store=store).returncode == 0
+    assert (
+        aieng("model", "register", str(tiny_demo_dir), "--name", "tiny", "--version", "1", store=store).returncode == 0
+    )
+    assert (
+        aieng("model", "register", str(tiny_demo_dir), "--name", "tiny", "--version", "2", store=store).returncode == 0
+    )
 
     dup = aieng("model", "register", str(tiny_demo_dir), "--name", "tiny", "--version", "1", store=store)
     assert dup.returncode == 1 and dup.stderr.strip().count("\n") == 0 and "already exists" in dup.stderr

@@ -17,7 +17,6 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 import aieng.demo.build as build_module
 from aieng.demo.build import BUILD_INFO_FILE, MODEL_FILES, DemoBuildConfig, build_demo_model
 
-
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 

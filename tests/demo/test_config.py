@@ -7,10 +7,30 @@ from aieng.demo.model import ModelDims, llama_config
 
 #: The shipped demo model. Changing any of these changes the model every cache, store and
 #: notebook holds: bump RECIPE_VERSION with it.
-SHIPPED_DIMS = dict(hidden_size=128, intermediate_size=384, num_layers=3, num_heads=4, num_kv_heads=4,
-                    context_length=512, rope_theta=10000.0, initializer_range=0.08, tie_word_embeddings=True)
-SHIPPED_TRAINING = dict(seed=0, steps=3000, batch_size=32, lr=3e-3, warmup_steps=50, min_lr_ratio=0.05,
-                        weight_decay=0.05, grad_clip=1.0, vocab_size=1024, tokenizer_examples=20000, mix=None)
+SHIPPED_DIMS = dict(
+    hidden_size=128,
+    intermediate_size=384,
+    num_layers=3,
+    num_heads=4,
+    num_kv_heads=4,
+    context_length=512,
+    rope_theta=10000.0,
+    initializer_range=0.08,
+    tie_word_embeddings=True,
+)
+SHIPPED_TRAINING = dict(
+    seed=0,
+    steps=3000,
+    batch_size=32,
+    lr=3e-3,
+    warmup_steps=50,
+    min_lr_ratio=0.05,
+    weight_decay=0.05,
+    grad_clip=1.0,
+    vocab_size=1024,
+    tokenizer_examples=20000,
+    mix=None,
+)
 
 
 def test_model_dims_defaults_are_the_shipped_demo():

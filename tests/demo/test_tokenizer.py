@@ -42,7 +42,7 @@ def test_special_tokens_have_fixed_ids_and_roles(tokenizer):
 
 def test_round_trip_of_corpus_and_arbitrary_text(tokenizer, corpus):
     texts = [e.prompt for e in corpus[:200]] + [e.answer for e in corpus[:200]]
-    texts += ["héllo wörld 🙂 — 12345", "  two  spaces\nand a newline\t", "{\"a\": [1, 2]}"]
+    texts += ["héllo wörld 🙂 — 12345", "  two  spaces\nand a newline\t", '{"a": [1, 2]}']
     for text in texts:
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         assert tokenizer.decode(ids) == text

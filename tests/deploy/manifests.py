@@ -82,8 +82,10 @@ def validate(doc: dict) -> None:
         except kubernetes_validate.SchemaNotFoundError:
             schema = crd_schemas().get((doc.get("apiVersion"), doc.get("kind")))
             if schema is None:
-                raise UnknownKind(f"no schema for {doc.get('apiVersion')} {doc.get('kind')}: neither a Kubernetes "
-                                  f"kind nor a CRD carried in {CRDS.relative_to(ROOT)}") from None
+                raise UnknownKind(
+                    f"no schema for {doc.get('apiVersion')} {doc.get('kind')}: neither a Kubernetes "
+                    f"kind nor a CRD carried in {CRDS.relative_to(ROOT)}"
+                ) from None
             jsonschema.validate(doc, schema)
             return
 

@@ -31,7 +31,9 @@ def final_stage() -> list[tuple[str, str]]:
 
 def hadolint(path) -> subprocess.CompletedProcess:
     binary = os.path.join(os.path.dirname(sys.executable), "hadolint")
-    return subprocess.run([binary, "--failure-threshold", "info", str(path)], capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [binary, "--failure-threshold", "info", str(path)], capture_output=True, text=True, timeout=60
+    )
 
 
 def test_the_dockerfile_lints_clean_and_a_bad_one_does_not(tmp_path):
@@ -54,8 +56,9 @@ def test_the_image_runs_as_a_non_root_user_with_settings_the_server_knows():
     expose = [args for op, args in stage if op == "EXPOSE"]
     assert expose == [env["AIENG_PORT"]] and int(env["AIENG_PORT"]) == Settings().port
     volumes = next(args for op, args in stage if op == "VOLUME")
-    assert env["AIENG_STORE"] in volumes and any(env["AIENG_COMPILE_CACHE_DIR"].startswith(v.strip('[]", '))
-                                                 for v in volumes.split(","))
+    assert env["AIENG_STORE"] in volumes and any(
+        env["AIENG_COMPILE_CACHE_DIR"].startswith(v.strip('[]", ')) for v in volumes.split(",")
+    )
     healthcheck = next(args for op, args in stage if op == "HEALTHCHECK")
     assert "healthcheck.py" in healthcheck and '"ready"' in healthcheck
     assert next(args for op, args in stage if op == "ENTRYPOINT") == '["/opt/aieng/entrypoint.sh"]'
@@ -103,18 +106,33 @@ def test_the_image_installs_torch_by_variant_every_file_hash_checked():
 def test_the_entrypoint_init_is_idempotent_and_refuses_a_model_the_store_lacks(demo_store, tmp_path):
     entrypoint = CONTAINER / "entrypoint.sh"
     env = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}
-    again = subprocess.run([entrypoint, "init"], env={**env, "AIENG_STORE": str(demo_store.root), "AIENG_MODEL": "demo"},
-                           capture_output=True, text=True, timeout=120)
+    again = subprocess.run(
+        [entrypoint, "init"],
+        env={**env, "AIENG_STORE": str(demo_store.root), "AIENG_MODEL": "demo"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert again.returncode == 0 and "nothing to do" in again.stdout + again.stderr
-    missing = subprocess.run([entrypoint, "init"], env={**env, "AIENG_STORE": str(tmp_path / "empty"),
-                                                        "AIENG_MODEL": "llama@2"}, capture_output=True, text=True,
-                             timeout=120)
+    missing = subprocess.run(
+        [entrypoint, "init"],
+        env={**env, "AIENG_STORE": str(tmp_path / "empty"), "AIENG_MODEL": "llama@2"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert missing.returncode == 1 and "register" in missing.stderr
-    listed = subprocess.run([entrypoint, "model", "list"], env={**env, "AIENG_STORE": str(demo_store.root)},
-                            capture_output=True, text=True, timeout=120)
+    listed = subprocess.run(
+        [entrypoint, "model", "list"],
+        env={**env, "AIENG_STORE": str(demo_store.root)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert listed.returncode == 0 and "demo" in listed.stdout
-    unset = subprocess.run([entrypoint, "init"], env={k: v for k, v in env.items() if k != "AIENG_STORE"},
-                           capture_output=True, text=True)
+    unset = subprocess.run(
+        [entrypoint, "init"], env={k: v for k, v in env.items() if k != "AIENG_STORE"}, capture_output=True, text=True
+    )
     assert unset.returncode != 0 and "AIENG_STORE" in unset.stderr
 
 

@@ -5,8 +5,8 @@ import copy
 import subprocess
 from dataclasses import fields
 
-import kubernetes_validate
 import jsonschema
+import kubernetes_validate
 import pytest
 import yaml
 from manifests import KUBERNETES, OVERLAYS, ROOT, UnknownKind, get_routes, one, rendered, require_tool, validate
@@ -116,11 +116,18 @@ def test_selectors_select_the_pods_and_the_rollout_never_drops_below_the_replica
     docs = rendered(overlay)
     deployment = one(docs, "Deployment")
     labels = deployment["spec"]["template"]["metadata"]["labels"]
-    selected = [one(docs, "Service")["spec"]["selector"], one(docs, "PodDisruptionBudget")["spec"]["selector"]["matchLabels"],
-                one(docs, "NetworkPolicy")["spec"]["podSelector"]["matchLabels"], deployment["spec"]["selector"]["matchLabels"]]
+    selected = [
+        one(docs, "Service")["spec"]["selector"],
+        one(docs, "PodDisruptionBudget")["spec"]["selector"]["matchLabels"],
+        one(docs, "NetworkPolicy")["spec"]["podSelector"]["matchLabels"],
+        deployment["spec"]["selector"]["matchLabels"],
+    ]
     for selector in selected:
         assert selector.items() <= labels.items()
-    assert one(docs, "ServiceMonitor")["spec"]["selector"]["matchLabels"].items() <= one(docs, "Service")["metadata"]["labels"].items()
+    assert (
+        one(docs, "ServiceMonitor")["spec"]["selector"]["matchLabels"].items()
+        <= one(docs, "Service")["metadata"]["labels"].items()
+    )
     assert deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
     pod = deployment["spec"]["template"]["spec"]
     for c in pod["containers"] + pod["initContainers"]:
@@ -156,9 +163,12 @@ def test_the_autoscalers_read_a_metric_the_server_exports_for_the_right_target()
 def adapter_query(namespace: str) -> str:
     """prometheus-adapter's metricsQuery as the adapter fills it in for the HPA's request."""
     rule = yaml.safe_load((KUBERNETES / "prometheus-adapter" / "rules.yaml").read_text())["rules"][0]
-    return (rule["metricsQuery"].replace("<<.Series>>", rule["name"]["as"])
-            .replace("<<.LabelMatchers>>", f'namespace="{namespace}",pod=~"aieng-a|aieng-b"')
-            .replace("<<.GroupBy>>", "pod"))
+    return (
+        rule["metricsQuery"]
+        .replace("<<.Series>>", rule["name"]["as"])
+        .replace("<<.LabelMatchers>>", f'namespace="{namespace}",pod=~"aieng-a|aieng-b"')
+        .replace("<<.GroupBy>>", "pod")
+    )
 
 
 def test_the_autoscaling_queries_on_synthetic_series(tmp_path):
@@ -173,13 +183,27 @@ def test_the_autoscaling_queries_on_synthetic_series(tmp_path):
         {"series": 'aieng_requests_waiting{namespace="other",pod="aieng-c",job="servicemonitor"}', "values": "50x12"},
     ]
     # At 3m the 1-minute window holds samples at 2m, 2m15s, ..., 3m: pod a's 8..12, mean 10.
-    tests = {"rule_files": [], "evaluation_interval": "15s", "tests": [{
-        "interval": "15s", "input_series": series,
-        "promql_expr_test": [
-            {"expr": adapter_query("aieng"), "eval_time": "3m",
-             "exp_samples": [{"labels": '{pod="aieng-a"}', "value": 10}, {"labels": '{pod="aieng-b"}', "value": 2}]},
-            {"expr": query, "eval_time": "3m", "exp_samples": [{"labels": "{}", "value": 12}]},
-        ]}]}
+    tests = {
+        "rule_files": [],
+        "evaluation_interval": "15s",
+        "tests": [
+            {
+                "interval": "15s",
+                "input_series": series,
+                "promql_expr_test": [
+                    {
+                        "expr": adapter_query("aieng"),
+                        "eval_time": "3m",
+                        "exp_samples": [
+                            {"labels": '{pod="aieng-a"}', "value": 10},
+                            {"labels": '{pod="aieng-b"}', "value": 2},
+                        ],
+                    },
+                    {"expr": query, "eval_time": "3m", "exp_samples": [{"labels": "{}", "value": 12}]},
+                ],
+            }
+        ],
+    }
     path = tmp_path / "autoscaling_test.yml"
     path.write_text(yaml.safe_dump(tests))
     out = subprocess.run([promtool, "test", "rules", str(path)], capture_output=True, text=True, timeout=60)

@@ -16,8 +16,13 @@ from aieng.engine import Engine, EngineConfig, GenerationRequest, SamplingParams
 from aieng.engine.reference import reference_greedy
 from aieng.engine.serving_table import Row, row_config
 
-PROMPTS = ["reverse: apple stone river", "add: 27+58", "json: name=ana age=31 city=oslo",
-           "sort: river apple stone boat door glass milk", "reverse: " + " ".join(["stone"] * 12)]
+PROMPTS = [
+    "reverse: apple stone river",
+    "add: 27+58",
+    "json: name=ana age=31 city=oslo",
+    "sort: river apple stone boat door glass milk",
+    "reverse: " + " ".join(["stone"] * 12),
+]
 #: Per prompt, so rows leave at different steps (and the longest outlives every window of 8).
 MAX_TOKENS = [14, 9, 18, 11, 16]
 
@@ -35,9 +40,14 @@ def build_row_model(row: Row, folder: Path, tokenizer, *, seed: int = 0) -> Path
     bias (or a norm of ones) would pass any comparison."""
     from transformers import AutoModelForCausalLM
 
-    config = row_config(row, vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id,
-                        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-                        initializer_range=INIT_RANGE)
+    config = row_config(
+        row,
+        vocab_size=len(tokenizer),
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        initializer_range=INIT_RANGE,
+    )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config)
@@ -70,12 +80,14 @@ def staggered_greedy(engine: Engine, prompt_ids: list[list[int]], max_tokens: li
     """Greedy tokens per prompt with rows joining at different steps (``JOINS``), so prompts
     prefill (in chunks, on the native path) beside rows already decoding, and rows leave at their
     own ``max_tokens`` (or EOS) while the others go on."""
-    requests = [GenerationRequest(str(i), ids, SamplingParams(max_tokens=n, temperature=0))
-                for i, (ids, n) in enumerate(zip(prompt_ids, max_tokens))]
+    requests = [
+        GenerationRequest(str(i), ids, SamplingParams(max_tokens=n, temperature=0))
+        for i, (ids, n) in enumerate(zip(prompt_ids, max_tokens))
+    ]
     produced: dict[str, list[int]] = {r.request_id: [] for r in requests}
     pending, step = list(requests), 0
     while pending or engine.num_running:
-        joiners, pending = pending[:JOINS.get(step, 0)], pending[JOINS.get(step, 0):]
+        joiners, pending = pending[: JOINS.get(step, 0)], pending[JOINS.get(step, 0) :]
         for event in engine.step(joiners).events:
             produced[event.request_id].append(event.token_id)
         step += 1
@@ -85,15 +97,18 @@ def staggered_greedy(engine: Engine, prompt_ids: list[list[int]], max_tokens: li
 
 def generate_reference(model, engine: Engine, prompt_ids: list[list[int]], max_tokens: list[int]):
     """transformers' generate() on all prompts at once (left-padded), each cut to its own limit."""
-    rows = reference_greedy(model, prompt_ids, max_new_tokens=max(max_tokens), eos_ids=engine.eos_ids,
-                            pad_id=engine.pad_id)
+    rows = reference_greedy(
+        model, prompt_ids, max_new_tokens=max(max_tokens), eos_ids=engine.eos_ids, pad_id=engine.pad_id
+    )
     return [row[:n] for row, n in zip(rows, max_tokens)]
 
 
 def generate_alone(model, engine: Engine, prompt_ids: list[list[int]], max_tokens: list[int]):
     """transformers' generate() on each prompt by itself (no padding, no batch-mates)."""
-    return [reference_greedy(model, [ids], max_new_tokens=n, eos_ids=engine.eos_ids, pad_id=engine.pad_id)[0]
-            for ids, n in zip(prompt_ids, max_tokens)]
+    return [
+        reference_greedy(model, [ids], max_new_tokens=n, eos_ids=engine.eos_ids, pad_id=engine.pad_id)[0]
+        for ids, n in zip(prompt_ids, max_tokens)
+    ]
 
 
 def parity(model, tokenizer, *, compile: bool = False) -> tuple[Engine, list, list]:

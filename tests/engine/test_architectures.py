@@ -112,9 +112,11 @@ def test_each_option_changes_generate_s_answer(row, results):
 def test_the_engine_refuses_a_refused_row_with_its_reason(row, tokenizer):
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_config(row_config(row, vocab_size=len(tokenizer),
-                                                        eos_token_id=tokenizer.eos_token_id,
-                                                        pad_token_id=tokenizer.pad_token_id))
+    model = AutoModelForCausalLM.from_config(
+        row_config(
+            row, vocab_size=len(tokenizer), eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
+        )
+    )
     with pytest.raises(AiengError, match=re.escape(serving_path(row_config(row)).reason)) as caught:
         Engine(model, tokenizer, config=EngineConfig(compile=False))
     assert caught.value.code == "unsupported_model"

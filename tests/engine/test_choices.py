@@ -32,18 +32,28 @@ def test_each_sampled_choice_is_the_request_with_its_own_seed(engine, render):
     """Choice i of a request seeded s samples as a lone request seeded s + i would."""
     prompt = engine.encode(render("add: 27+58"))
     params = SamplingParams(max_tokens=10, temperature=1.5, seed=40)
-    alone = [engine.generate([prompt], SamplingParams(max_tokens=10, temperature=1.5, seed=40 + i))[0].text
-             for i in range(4)]
-    events = run_until_idle(engine, [GenerationRequest("r", prompt, SamplingParams(**{**params.__dict__, "n": 4})),
-                          GenerationRequest("mate", engine.encode(render("sort: river apple")),
-                                            SamplingParams(max_tokens=8, temperature=0))])
+    alone = [
+        engine.generate([prompt], SamplingParams(max_tokens=10, temperature=1.5, seed=40 + i))[0].text for i in range(4)
+    ]
+    events = run_until_idle(
+        engine,
+        [
+            GenerationRequest("r", prompt, SamplingParams(**{**params.__dict__, "n": 4})),
+            GenerationRequest(
+                "mate", engine.encode(render("sort: river apple")), SamplingParams(max_tokens=8, temperature=0)
+            ),
+        ],
+    )
     assert texts_by_choice(events, "r") == dict(enumerate(alone))
     assert len(set(alone)) > 1  # the seeds differ, so do the choices
 
 
 def test_cancelling_a_request_drops_all_its_choices(engine, render):
-    request = GenerationRequest("r", engine.encode(render("reverse: apple stone river moon")),
-                                SamplingParams(max_tokens=40, temperature=0, n=3, ignore_eos=True))
+    request = GenerationRequest(
+        "r",
+        engine.encode(render("reverse: apple stone river moon")),
+        SamplingParams(max_tokens=40, temperature=0, n=3, ignore_eos=True),
+    )
     engine.step([request])
     engine.step()
     assert engine.num_running == 3
@@ -52,8 +62,9 @@ def test_cancelling_a_request_drops_all_its_choices(engine, render):
 
 
 def test_a_failing_choice_fails_the_request_and_frees_its_siblings(engine, render):
-    request = GenerationRequest("r", engine.encode(render("reverse: apple stone river")),
-                                SamplingParams(max_tokens=20, temperature=0, n=3))
+    request = GenerationRequest(
+        "r", engine.encode(render("reverse: apple stone river")), SamplingParams(max_tokens=20, temperature=0, n=3)
+    )
 
     def break_one(engine):
         engine.rows["r#1"].detokenizer.add = lambda token: (_ for _ in ()).throw(RuntimeError("injected"))

@@ -11,14 +11,21 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
-from aieng.engine import SamplingParams
-from aieng.engine import Engine, EngineConfig, GenerationRequest
+from aieng.engine import Engine, EngineConfig, GenerationRequest, SamplingParams
 from aieng.engine.native.runner import GraphShape
 
 EAGER = EngineConfig.exact(compile=False)  # the compiled path has its own tests (test_compile.py)
 
-TASKS = ["reverse: apple stone river", "add: 27+58", "json: name=ana age=31 city=oslo", "sort: river apple stone",
-         "reverse: boat door glass milk road", "sort: zoo oak moon king", "add: 3+4", "json: color=red score=7"]
+TASKS = [
+    "reverse: apple stone river",
+    "add: 27+58",
+    "json: name=ana age=31 city=oslo",
+    "sort: river apple stone",
+    "reverse: boat door glass milk road",
+    "sort: zoo oak moon king",
+    "add: 3+4",
+    "json: color=red score=7",
+]
 
 
 def run_schedule(engine: Engine, render, seed: int = 0, steps: int = 120) -> dict[str, list[int]]:
@@ -200,8 +207,13 @@ def test_native_layer_compile_failure_falls_back_to_eager_and_keeps_serving(demo
 
 def test_past_its_budget_compilation_goes_on_in_the_background_while_the_engine_serves(demo, render):
     model, tokenizer = demo
-    engine = Engine(model, tokenizer, config=EngineConfig.exact(compile=True, compile_budget_s=0.0,
-                                                          warmup_batch_sizes=(1,), warmup_prompt_lengths=(8,)))
+    engine = Engine(
+        model,
+        tokenizer,
+        config=EngineConfig.exact(
+            compile=True, compile_budget_s=0.0, warmup_batch_sizes=(1,), warmup_prompt_lengths=(8,)
+        ),
+    )
     details = []
     engine.warmup(progress=details.append)
     assert any("compiling the decoder layer" in d for d in details) or engine.compile_status == "compiling"
@@ -231,8 +243,15 @@ def test_the_layer_is_traced_once_and_stamped_out_for_every_other_layer(demo):
     _, tokenizer = demo
     torch.manual_seed(0)
     layers = 4
-    config = LlamaConfig(hidden_size=48, intermediate_size=96, num_hidden_layers=layers, num_attention_heads=4,
-                         num_key_value_heads=2, vocab_size=len(tokenizer), max_position_embeddings=128)
+    config = LlamaConfig(
+        hidden_size=48,
+        intermediate_size=96,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=len(tokenizer),
+        max_position_embeddings=128,
+    )
     engine = Engine(LlamaForCausalLM(config).eval(), tokenizer, config=EngineConfig.exact(compile=True, max_rows=4))
     records = _Records()
     channel = logging.getLogger("torch._dynamo.variables.invoke_subgraph")
@@ -249,16 +268,23 @@ def test_the_layer_is_traced_once_and_stamped_out_for_every_other_layer(demo):
     assert refused == [] and len(reused) == graphs * (layers - 1), records.messages
 
 
-@pytest.mark.parametrize("bf16_from, want", [
-    ((), [(1, 0, False), (2, 0, False), (2, 1, False), (2, 2, False)]),
-    (((1, False), (8, True)), [(1, 0, False), (2, 0, False), (2, 0, True), (2, 1, False), (2, 1, True),
-                               (2, 2, False), (2, 2, True)]),
-    # the plan moved: the same graphs, so a restart finds them in the compile cache
-    (((1, False), (16, True)), [(1, 0, False), (2, 0, False), (2, 0, True), (2, 1, False), (2, 1, True),
-                                (2, 2, False), (2, 2, True)]),
-    (((1, True),), [(1, 0, True), (2, 0, True), (2, 1, True), (2, 2, True)]),
-    (((1, False), (4, True)), [(1, 0, False), (2, 0, False), (2, 0, True), (2, 1, True), (2, 2, True)]),
-])
+@pytest.mark.parametrize(
+    "bf16_from, want",
+    [
+        ((), [(1, 0, False), (2, 0, False), (2, 1, False), (2, 2, False)]),
+        (
+            ((1, False), (8, True)),
+            [(1, 0, False), (2, 0, False), (2, 0, True), (2, 1, False), (2, 1, True), (2, 2, False), (2, 2, True)],
+        ),
+        # the plan moved: the same graphs, so a restart finds them in the compile cache
+        (
+            ((1, False), (16, True)),
+            [(1, 0, False), (2, 0, False), (2, 0, True), (2, 1, False), (2, 1, True), (2, 2, False), (2, 2, True)],
+        ),
+        (((1, True),), [(1, 0, True), (2, 0, True), (2, 1, True), (2, 2, True)]),
+        (((1, False), (4, True)), [(1, 0, False), (2, 0, False), (2, 0, True), (2, 1, True), (2, 2, True)]),
+    ],
+)
 def test_the_graphs_built_do_not_depend_on_where_the_measured_plan_switches_format(demo, bf16_from, want):
     from aieng.engine.native.formats import FormatPlan
 
@@ -384,5 +410,8 @@ def test_engines_sharing_one_kv_cache_through_a_swap_run_the_graphs_they_have(co
         done.update({e.request_id: e.token_ids for e in events if e.finished})
     assert [done[f"p{i}"] for i in range(6)] == want
     assert counters["stats"]["unique_graphs"] == 0, dict(counters["stats"])
-    compiled = lambda engine: sum(n for graph, n in engine.runner.steps_by_graph.items() if graph is not None)
+
+    def compiled(engine):
+        return sum(n for graph, n in engine.runner.steps_by_graph.items() if graph is not None)
+
     assert compiled(old) > old_compiled_before and compiled(new) > 0  # both sides ran graphs on their views

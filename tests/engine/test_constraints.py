@@ -13,8 +13,12 @@ from aieng.engine.constraints import Constraint, ConstraintCompiler, mask_logits
 from aieng.errors import InvalidRequestError
 
 EAGER = EngineConfig(compile=False)
-PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
-          "required": ["name", "age"], "additionalProperties": False}
+PERSON = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
 
 
 @pytest.fixture(scope="module")
@@ -37,10 +41,12 @@ def test_mask_leaves_free_rows_alone_and_allows_only_the_grammar(engine):
 def test_constrained_and_free_rows_share_a_batch(engine, render):
     prompts = [render("json: name=ana age=31"), render("add: 27+58"), render("add: 27+58"), render("sort: river apple")]
     free = engine.generate(prompts, SamplingParams(max_tokens=40, temperature=0))
-    params = [SamplingParams(max_tokens=40, temperature=0, constraint=Constraint.json_schema(PERSON)),
-              SamplingParams(max_tokens=40, temperature=0),
-              SamplingParams(max_tokens=40, temperature=0, constraint=Constraint("regex", "[0-9]{3}")),
-              SamplingParams(max_tokens=40, temperature=0, constraint=Constraint.choice(["apple river", "river apple"]))]
+    params = [
+        SamplingParams(max_tokens=40, temperature=0, constraint=Constraint.json_schema(PERSON)),
+        SamplingParams(max_tokens=40, temperature=0),
+        SamplingParams(max_tokens=40, temperature=0, constraint=Constraint("regex", "[0-9]{3}")),
+        SamplingParams(max_tokens=40, temperature=0, constraint=Constraint.choice(["apple river", "river apple"])),
+    ]
     out = engine.generate(prompts, params)
     assert out[0].text == '{"name": "ana", "age": 31}' == free[0].text  # the model's own answer fits the schema
     assert out[1].text == free[1].text == "85"  # the free row is untouched by its constrained batch-mates
@@ -49,17 +55,25 @@ def test_constrained_and_free_rows_share_a_batch(engine, render):
 
 
 def test_a_completed_grammar_finishes_the_row_without_an_eos_step(engine, render):
-    out = engine.generate([render("add: 27+58")], SamplingParams(max_tokens=10, temperature=0,
-                                                                  constraint=Constraint.choice(["yes", "no"])))[0]
+    out = engine.generate(
+        [render("add: 27+58")],
+        SamplingParams(max_tokens=10, temperature=0, constraint=Constraint.choice(["yes", "no"])),
+    )[0]
     assert out.text in ("yes", "no") and out.finish_reason == "stop"
     assert engine.eos_ids.isdisjoint(out.token_ids)
 
 
 def test_sampled_rows_stay_inside_the_grammar(engine, render):
-    schema = {"type": "object", "properties": {"pet": {"enum": ["cat", "dog"]}, "n": {"type": "integer"}},
-              "required": ["pet", "n"], "additionalProperties": False}
-    params = [SamplingParams(max_tokens=60, temperature=1.5, seed=s, constraint=Constraint.json_schema(schema))
-              for s in range(6)]
+    schema = {
+        "type": "object",
+        "properties": {"pet": {"enum": ["cat", "dog"]}, "n": {"type": "integer"}},
+        "required": ["pet", "n"],
+        "additionalProperties": False,
+    }
+    params = [
+        SamplingParams(max_tokens=60, temperature=1.5, seed=s, constraint=Constraint.json_schema(schema))
+        for s in range(6)
+    ]
     for result in engine.generate([render("json: pet=cat score=4")] * 6, params):
         if result.finish_reason == "stop":
             jsonschema.validate(json.loads(result.text), schema)
@@ -67,11 +81,14 @@ def test_sampled_rows_stay_inside_the_grammar(engine, render):
             assert result.text.startswith("{")
 
 
-@pytest.mark.parametrize("constraint,fragment", [
-    (Constraint.json_schema({"type": "object", "properties": {"a": {"type": "strng"}}}), "strng"),
-    (Constraint("regex", "([a-z"), "regex"),
-    (Constraint("json_schema", "{not json", "guided_json"), "JSON"),
-])
+@pytest.mark.parametrize(
+    "constraint,fragment",
+    [
+        (Constraint.json_schema({"type": "object", "properties": {"a": {"type": "strng"}}}), "strng"),
+        (Constraint("regex", "([a-z"), "regex"),
+        (Constraint("json_schema", "{not json", "guided_json"), "JSON"),
+    ],
+)
 def test_an_invalid_grammar_is_a_precise_invalid_request(engine, constraint, fragment):
     with pytest.raises(InvalidRequestError) as info:
         engine.constraints.matcher(constraint)
@@ -110,8 +127,12 @@ def random_schema(rng: random.Random, depth: int = 0) -> dict:
     if kind == "array":
         return {"type": "array", "items": random_schema(rng, depth + 1), "minItems": 1, "maxItems": rng.randint(1, 3)}
     keys = rng.sample(["name", "age", "city", "pet", "score", "tags"], rng.randint(1, 3))
-    return {"type": "object", "properties": {k: random_schema(rng, depth + 1) for k in keys},
-            "required": keys, "additionalProperties": False}
+    return {
+        "type": "object",
+        "properties": {k: random_schema(rng, depth + 1) for k in keys},
+        "required": keys,
+        "additionalProperties": False,
+    }
 
 
 def test_fuzz_random_schemas_give_outputs_that_parse_and_validate(engine, render):
@@ -120,8 +141,12 @@ def test_fuzz_random_schemas_give_outputs_that_parse_and_validate(engine, render
     rng = random.Random(13)
     schemas = [random_schema(rng) for _ in range(40)]
     prompts = [render(rng.choice(["json: name=ana age=31", "add: 27+58", "reverse: apple stone"])) for _ in schemas]
-    params = [SamplingParams(max_tokens=120, temperature=rng.choice([0, 0.7, 1.5]), seed=i,
-                             constraint=Constraint.json_schema(schema)) for i, schema in enumerate(schemas)]
+    params = [
+        SamplingParams(
+            max_tokens=120, temperature=rng.choice([0, 0.7, 1.5]), seed=i, constraint=Constraint.json_schema(schema)
+        )
+        for i, schema in enumerate(schemas)
+    ]
     results = engine.generate(prompts, params)
     finished = 0
     for schema, result in zip(schemas, results):

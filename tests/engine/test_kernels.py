@@ -5,8 +5,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from aieng.engine.native import kernels
 from aieng.engine import Engine, EngineConfig, GenerationRequest, SamplingParams
+from aieng.engine.native import kernels
 
 
 @pytest.fixture(scope="module")
@@ -21,8 +21,8 @@ def reference(query, keys, values, positions, first):
     rows = query.shape[0]
     span = int(positions.max()) + 1
     mask = (torch.arange(span)[None, :] <= positions[:, None])[:, None, None, :]
-    k = keys[first:first + rows, :, :span].float()
-    v = values[first:first + rows, :, :span].float()
+    k = keys[first : first + rows, :, :span].float()
+    v = values[first : first + rows, :, :span].float()
     return F.scaled_dot_product_attention(query, k, v, attn_mask=mask)
 
 
@@ -36,7 +36,7 @@ def test_the_kernel_matches_sdpa_for_rows_of_different_lengths(decode_attention,
     query = torch.randn(4, kv_heads, groups, head_dim)
     positions = torch.tensor([0, 5, 699, 130])  # one key only, short, the whole capacity, between
     for first in (0, 2):
-        out = decode_attention(query, keys, values, positions, first, head_dim ** -0.5)
+        out = decode_attention(query, keys, values, positions, first, head_dim**-0.5)
         assert out.shape == query.shape and out.dtype == torch.float32
         torch.testing.assert_close(out, reference(query, keys, values, positions, first), atol=2e-5, rtol=1e-4)
 
@@ -61,8 +61,9 @@ def test_the_kernel_refuses_what_it_cannot_take_with_a_message(decode_attention)
     with pytest.raises(RuntimeError, match="float32 or bfloat16"):
         decode_attention(query, keys.half(), values.half(), torch.tensor([1]), 0, 0.25)
     with pytest.raises(RuntimeError, match="head width"):
-        decode_attention(torch.randn(1, 1, 2, 12), torch.randn(2, 1, 9, 12), torch.randn(2, 1, 9, 12),
-                         torch.tensor([1]), 0, 0.25)
+        decode_attention(
+            torch.randn(1, 1, 2, 12), torch.randn(2, 1, 9, 12), torch.randn(2, 1, 9, 12), torch.tensor([1]), 0, 0.25
+        )
 
 
 def test_the_kernel_runs_inside_a_compiled_graph(decode_attention):
@@ -70,7 +71,7 @@ def test_the_kernel_runs_inside_a_compiled_graph(decode_attention):
     query, positions = torch.randn(2, 2, 2, 32), torch.tensor([7, 40])
 
     def step(q, k, v, p):
-        return decode_attention(q * 2, k, v, p, 1, 32 ** -0.5) + 1
+        return decode_attention(q * 2, k, v, p, 1, 32**-0.5) + 1
 
     compiled = torch.compile(step, fullgraph=True)
     torch.testing.assert_close(compiled(query, keys, values, positions), step(query, keys, values, positions))
@@ -126,7 +127,8 @@ def test_kv_cache_dtype_auto_is_bf16_only_where_the_one_row_step_streams_bf16_an
 
 @pytest.mark.parametrize("decode_attention", ["auto", "sdpa"])
 def test_a_bf16_kv_cache_holds_half_the_bytes_and_decodes_as_transformers_does_with_bf16_keys_and_values(
-        demo, decode_attention):
+    demo, decode_attention
+):
     """The engine's bf16 cache against ``generate()`` with keys and values rounded the same way
     (``aieng eval --kv-cache-dtype bfloat16``'s emulation): the same greedy tokens, through the
     kernel and through SDPA, so the recorded accuracy is the served model's."""
@@ -135,12 +137,23 @@ def test_a_bf16_kv_cache_holds_half_the_bytes_and_decodes_as_transformers_does_w
 
     model, tokenizer = demo
     full = Engine(model, tokenizer, config=EngineConfig(compile=False))
-    half = Engine(model, tokenizer, config=EngineConfig(compile=False, kv_cache_dtype="bfloat16",
-                                                         decode_attention=decode_attention))
+    half = Engine(
+        model,
+        tokenizer,
+        config=EngineConfig(compile=False, kv_cache_dtype="bfloat16", decode_attention=decode_attention),
+    )
     assert half.runner.cache.keys[0].dtype == torch.bfloat16
     assert half.runner.cache.shape.bytes_per_token() * 2 == full.runner.cache.shape.bytes_per_token()
-    prompts = [half.encode(p) for p in ("reverse: apple stone river", "add: 27+58", "json: name=ana age=31 city=oslo",
-                                        "sort: river apple stone", "reverse: boat door glass milk road")]
+    prompts = [
+        half.encode(p)
+        for p in (
+            "reverse: apple stone river",
+            "add: 27+58",
+            "json: name=ana age=31 city=oslo",
+            "sort: river apple stone",
+            "reverse: boat door glass milk road",
+        )
+    ]
     ours = [r.token_ids for r in half.generate(prompts, SamplingParams(max_tokens=24, temperature=0))]
     with bf16_kv_rounding(model):
         theirs = reference_greedy(model, prompts, max_new_tokens=24, eos_ids=half.eos_ids, pad_id=half.pad_id)

@@ -17,8 +17,13 @@ def _entry(layer: int, row: int, column: int) -> float:
     return float(layer * 1000 + row * 10 + column + 1)
 
 
-def make_batch(mask: list[list[int]], next_pos: list[int] | None = None, *, row_ids: list[int] | None = None,
-               value_dim: int = HEAD_DIM) -> KVBatch:
+def make_batch(
+    mask: list[list[int]],
+    next_pos: list[int] | None = None,
+    *,
+    row_ids: list[int] | None = None,
+    value_dim: int = HEAD_DIM,
+) -> KVBatch:
     """A batch whose cache holds the coded entries where ``mask`` is 1 and zeros where it is 0.
 
     ``row_ids`` names the rows in the code (default 0..B-1), so two batches can be told apart

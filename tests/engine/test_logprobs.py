@@ -30,8 +30,11 @@ def test_engine_logprobs_equal_a_full_forward_in_a_mixed_batch(demo, render):
     model, tokenizer = demo
     engine = Engine(model, tokenizer, config=EAGER)
     prompts = [render("reverse: apple stone river"), render("add: 27+58"), render("json: name=ana age=31")]
-    params = [SamplingParams(max_tokens=12, temperature=0, logprobs=3), SamplingParams(max_tokens=12, temperature=0),
-              SamplingParams(max_tokens=12, temperature=0.8, seed=1, logprobs=1)]
+    params = [
+        SamplingParams(max_tokens=12, temperature=0, logprobs=3),
+        SamplingParams(max_tokens=12, temperature=0),
+        SamplingParams(max_tokens=12, temperature=0.8, seed=1, logprobs=1),
+    ]
     requests = [engine._request(f"r{i}", p, sp) for i, (p, sp) in enumerate(zip(prompts, params))]
     events: dict[str, list] = {r.request_id: [] for r in requests}
     result = engine.step(requests)

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from aieng.engine import Engine, EngineConfig, GenerationRequest, SamplingParams
-from aieng.engine.reference import reference_greedy
 from aieng.engine.native.slots import SlotKVCache, SlotShape, plan_slots
+from aieng.engine.reference import reference_greedy
 from aieng.errors import AiengError
 
 PROMPTS = ["reverse: apple stone river", "add: 27+58", "json: name=ana age=31 city=oslo", "sort: river apple stone"]
@@ -23,8 +23,9 @@ def tiny(tiny_shape_model_dir):
 
 
 def greedy_reference(engine, model, prompts, n):
-    return reference_greedy(model, [engine.encode(p) for p in prompts], max_new_tokens=n, eos_ids=engine.eos_ids,
-                            pad_id=engine.pad_id)
+    return reference_greedy(
+        model, [engine.encode(p) for p in prompts], max_new_tokens=n, eos_ids=engine.eos_ids, pad_id=engine.pad_id
+    )
 
 
 @pytest.mark.parametrize("arch", ["demo", "tiny", "qwen"])
@@ -47,9 +48,9 @@ def assert_greedy_up_to_ties(model, prompt_ids, generated, tolerance=1e-4):
     likely next token or within ``tolerance`` of it."""
     ids = torch.tensor([list(prompt_ids) + list(generated)])
     with torch.inference_mode():
-        logits = model(input_ids=ids).logits[0, len(prompt_ids) - 1:-1].float()
+        logits = model(input_ids=ids).logits[0, len(prompt_ids) - 1 : -1].float()
     picked = logits.gather(-1, torch.tensor(list(generated))[:, None])[:, 0]
-    assert bool((logits.max(-1).values - picked <= tolerance).all()), (logits.max(-1).values - picked)
+    assert bool((logits.max(-1).values - picked <= tolerance).all()), logits.max(-1).values - picked
 
 
 def test_a_long_prompt_joins_in_chunks_while_running_rows_keep_decoding(demo, render):
@@ -184,10 +185,13 @@ def test_the_prefill_budget_follows_the_decode_pace():
     assert PrefillBudget(max_tokens=8, decode_s=1.0, token_s=1e-6).tokens(decoding=True) == 8  # nor above the ceiling
 
 
-@pytest.mark.parametrize("fixed_s, token_s, decode_s, want", [
-    (0.005, 0.001, 0.040, 35),  # a real model: per-token cost dominates, a chunk costs about one decode step
-    (0.002, 0.00001, 0.001, 200),  # a tiny model: the fixed part alone exceeds a decode step, so amortise it
-])
+@pytest.mark.parametrize(
+    "fixed_s, token_s, decode_s, want",
+    [
+        (0.005, 0.001, 0.040, 35),  # a real model: per-token cost dominates, a chunk costs about one decode step
+        (0.002, 0.00001, 0.001, 200),  # a tiny model: the fixed part alone exceeds a decode step, so amortise it
+    ],
+)
 def test_the_prefill_budget_separates_a_chunks_fixed_cost_from_its_cost_per_token(fixed_s, token_s, decode_s, want):
     from aieng.engine.prefill_budget import PrefillBudget
 

@@ -39,8 +39,9 @@ print((psutil.Process().memory_info().rss - before) / 2**20)
 
 def _growth_mib(mode: str) -> float:
     env = {k: v for k, v in os.environ.items() if k not in VARIABLES}
-    done = subprocess.run([sys.executable, "-c", _GROWTH_SCRIPT, mode], capture_output=True, text=True, env=env,
-                          timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", _GROWTH_SCRIPT, mode], capture_output=True, text=True, env=env, timeout=300
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     return float(done.stdout.split()[-1])
 
@@ -54,8 +55,10 @@ def test_many_row_counts_grow_the_process_little_with_the_bound_and_much_without
 
 def test_the_bound_fills_only_what_the_user_left_unset():
     environ = {"LRU_CACHE_CAPACITY": "512"}
-    assert bound_onednn_caches(environ=environ) == {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": str(CAPACITY),
-                                                    "LRU_CACHE_CAPACITY": "512"}
+    assert bound_onednn_caches(environ=environ) == {
+        "ONEDNN_PRIMITIVE_CACHE_CAPACITY": str(CAPACITY),
+        "LRU_CACHE_CAPACITY": "512",
+    }
     assert environ == {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": str(CAPACITY), "LRU_CACHE_CAPACITY": "512"}
 
 

@@ -3,8 +3,7 @@
 import pytest
 import torch
 
-from aieng.engine import SamplingParams
-from aieng.engine import Engine, GenerationRequest, EngineConfig
+from aieng.engine import Engine, EngineConfig, GenerationRequest, SamplingParams
 
 RUNNERS = {"native": EngineConfig(compile=False), "hf": EngineConfig(compile=False, native=False)}
 
@@ -43,7 +42,11 @@ def _limit_native(runner, max_rows, poison_length):
         if rows > max_rows:
             raise torch.OutOfMemoryError("injected: CUDA out of memory. Tried to allocate 2.00 GiB")
         # the poisoned prompt fails with whichever chunk reaches its last token (chunk sizes adapt)
-        if poison_length is not None and plan.prefill_pos is not None and bool((plan.prefill_pos == poison_length - 1).any()):
+        if (
+            poison_length is not None
+            and plan.prefill_pos is not None
+            and bool((plan.prefill_pos == poison_length - 1).any())
+        ):
             raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory")
         return real(plan, *tokens, **kwargs)
 
@@ -52,7 +55,16 @@ def _limit_native(runner, max_rows, poison_length):
 
 def test_oom_splits_the_batch_and_results_are_unchanged(demo, render, config):
     model, tokenizer = demo
-    prompts = [render(p) for p in ["reverse: egg fish gold", "add: 12+30", "json: pet=cat age=4", "sort: tree king", "reverse: pen oak sand"]]
+    prompts = [
+        render(p)
+        for p in [
+            "reverse: egg fish gold",
+            "add: 12+30",
+            "json: pet=cat age=4",
+            "sort: tree king",
+            "reverse: pen oak sand",
+        ]
+    ]
     params = SamplingParams(max_tokens=16, temperature=0)
     expected = [r.text for r in Engine(model, tokenizer, config=config).generate(prompts, params)]
 
@@ -66,8 +78,10 @@ def test_oom_splits_the_batch_and_results_are_unchanged(demo, render, config):
 def test_a_row_that_cannot_run_alone_fails_alone_and_the_engine_keeps_serving(demo, render, config):
     model, tokenizer = demo
     engine = Engine(model, tokenizer, config=config)
-    good = [GenerationRequest(f"ok{i}", engine.encode(render(p)), SamplingParams(max_tokens=12, temperature=0))
-            for i, p in enumerate(["reverse: egg fish gold", "add: 22+22"])]
+    good = [
+        GenerationRequest(f"ok{i}", engine.encode(render(p)), SamplingParams(max_tokens=12, temperature=0))
+        for i, p in enumerate(["reverse: egg fish gold", "add: 22+22"])
+    ]
     poison = GenerationRequest("huge", [7] * 97, SamplingParams(max_tokens=12, temperature=0))
     limit_batch(engine, 64, poison_length=97)
 
@@ -103,8 +117,10 @@ def test_each_step_reports_its_out_of_memory_splits_by_phase_and_the_metric_coun
     model, tokenizer = demo
     engine = Engine(model, tokenizer, config=config)
     params = SamplingParams(max_tokens=8, temperature=0)
-    requests = [GenerationRequest(str(i), engine.encode(render(p)), params)
-                for i, p in enumerate(["reverse: egg fish gold", "add: 12+30", "sort: tree king"])]
+    requests = [
+        GenerationRequest(str(i), engine.encode(render(p)), params)
+        for i, p in enumerate(["reverse: egg fish gold", "add: 12+30", "sort: tree king"])
+    ]
     limit_batch(engine, 1)
     steps = [engine.step(requests)]
     while engine.num_running:

@@ -14,8 +14,15 @@ from aieng.engine.native.llama import linear
 from aieng.errors import ConfigError
 
 pytestmark = pytest.mark.skipif(not packed_weights.supports(torch.float32), reason="no oneDNN packed linear here")
-DTYPES = [torch.float32, pytest.param(torch.bfloat16, marks=pytest.mark.skipif(
-    not packed_weights.supports(torch.bfloat16), reason="this CPU's oneDNN does not pack bf16"))]
+DTYPES = [
+    torch.float32,
+    pytest.param(
+        torch.bfloat16,
+        marks=pytest.mark.skipif(
+            not packed_weights.supports(torch.bfloat16), reason="this CPU's oneDNN does not pack bf16"
+        ),
+    ),
+]
 
 
 @pytest.fixture
@@ -116,6 +123,9 @@ def test_greedy_tokens_are_unchanged_by_packing(demo, render, formats):
     plain = Engine(model, tokenizer, config=EngineConfig(compile=False, weight_formats=formats.removesuffix("-packed")))
     packed = Engine(model, tokenizer, config=EngineConfig(compile=False, weight_formats=formats))
     assert packed.runner.net.dims.packed_from == 1
-    assert all(packed_weights.is_packed(m) for w in packed.runner.net.weights(formats.startswith("b"))
-               for m in w.matrices)
-    assert [r.token_ids for r in packed.generate(prompts, params)] == [r.token_ids for r in plain.generate(prompts, params)]
+    assert all(
+        packed_weights.is_packed(m) for w in packed.runner.net.weights(formats.startswith("b")) for m in w.matrices
+    )
+    assert [r.token_ids for r in packed.generate(prompts, params)] == [
+        r.token_ids for r in plain.generate(prompts, params)
+    ]

@@ -2,8 +2,7 @@
 
 import pytest
 
-from aieng.engine import SamplingParams
-from aieng.engine import Engine, EngineConfig
+from aieng.engine import Engine, EngineConfig, SamplingParams
 from aieng.engine.parity import parity_report
 from aieng.engine.reference import reference_greedy
 
@@ -18,8 +17,12 @@ def test_single_prompt_matches_generate(arch, request, render):
     prompt = render(PROMPTS[0])
     engine = Engine(model, tokenizer, config=EAGER)
     got = engine.generate([prompt], SamplingParams(max_tokens=24, temperature=0))[0]
-    assert got.token_ids == reference_greedy(model, [engine.encode(prompt)], max_new_tokens=24, eos_ids=engine.eos_ids,
-                                            pad_id=engine.pad_id)[0]
+    assert (
+        got.token_ids
+        == reference_greedy(
+            model, [engine.encode(prompt)], max_new_tokens=24, eos_ids=engine.eos_ids, pad_id=engine.pad_id
+        )[0]
+    )
 
 
 @pytest.mark.parametrize("arch", ["demo", "qwen"])
@@ -34,12 +37,15 @@ def test_batch_of_different_lengths_matches_generate(arch, request, render):
 def test_rows_joining_a_running_batch_get_the_same_tokens_as_alone(demo, render):
     model, tokenizer = demo
     engine = Engine(model, tokenizer, config=EAGER)
-    alone = {p: engine.generate([render(p)], SamplingParams(max_tokens=20, temperature=0))[0].token_ids for p in PROMPTS}
+    alone = {
+        p: engine.generate([render(p)], SamplingParams(max_tokens=20, temperature=0))[0].token_ids for p in PROMPTS
+    }
 
     from aieng.engine import GenerationRequest
 
-    requests = [GenerationRequest(p, engine.encode(render(p)), SamplingParams(max_tokens=20, temperature=0))
-                for p in PROMPTS]
+    requests = [
+        GenerationRequest(p, engine.encode(render(p)), SamplingParams(max_tokens=20, temperature=0)) for p in PROMPTS
+    ]
     produced = {p: [] for p in PROMPTS}
     pending = list(requests)
     step = 0
@@ -68,8 +74,12 @@ def test_remove_drops_a_row_between_steps_and_the_rest_continue(demo, render):
     engine = Engine(model, tokenizer, config=EAGER)
     params = SamplingParams(max_tokens=20, temperature=0)
     expected = engine.generate([render("json: name=ana age=31")], params)[0].token_ids
-    events = engine.prefill([GenerationRequest("keep", engine.encode(render("json: name=ana age=31")), params),
-                             GenerationRequest("drop", engine.encode(render("reverse: boat door glass milk road")), params)])
+    events = engine.prefill(
+        [
+            GenerationRequest("keep", engine.encode(render("json: name=ana age=31")), params),
+            GenerationRequest("drop", engine.encode(render("reverse: boat door glass milk road")), params),
+        ]
+    )
     events += engine.decode()
     assert engine.remove(["drop", "unknown"]) == ["drop"]
     assert engine.running_ids() == ["keep"] and engine.runner.decoding_ids() == ["keep"]

@@ -5,8 +5,7 @@ parameters): nothing a client can send raises there any more (a temperature of 1
 used to overflow the draw and fail the whole batch, is greedy now, tested below).
 """
 
-from aieng.engine import GenerationRequest, SamplingParams
-from aieng.engine import sampling
+from aieng.engine import GenerationRequest, SamplingParams, sampling
 
 from .conftest import run_until_idle
 
@@ -30,8 +29,9 @@ def test_a_detokenizer_that_raises_fails_its_request_only(engine, render, caplog
     def broken(token):
         raise UnicodeDecodeError("utf-8", b"\xff", 0, 1, "injected")
 
-    finished, _ = run(engine, requests_for(engine, render, params),
-                      sabotage=lambda e: setattr(e.rows["1"].detokenizer, "add", broken))
+    finished, _ = run(
+        engine, requests_for(engine, render, params), sabotage=lambda e: setattr(e.rows["1"].detokenizer, "add", broken)
+    )
     assert finished["1"].finish_reason == "error" and finished["1"].error.code == "row_failed"
     assert "detokenization" in finished["1"].error.message and finished["1"].error.status == 500
     for rid in ("0", "2"):
@@ -45,9 +45,11 @@ def test_a_detokenizer_that_raises_fails_its_request_only(engine, render, caplog
 def test_a_sampler_that_raises_fails_its_request_only(engine, render, monkeypatch):
     sampled = SamplingParams(max_tokens=12, temperature=0.7, seed=3)
     greedy = SamplingParams(max_tokens=12, temperature=0)
-    reqs = [GenerationRequest("greedy", engine.encode(render(PROMPTS[0])), greedy),
-            GenerationRequest("sampled", engine.encode(render(PROMPTS[1])), sampled),
-            GenerationRequest("other", engine.encode(render(PROMPTS[2])), greedy)]
+    reqs = [
+        GenerationRequest("greedy", engine.encode(render(PROMPTS[0])), greedy),
+        GenerationRequest("sampled", engine.encode(render(PROMPTS[1])), sampled),
+        GenerationRequest("other", engine.encode(render(PROMPTS[2])), greedy),
+    ]
     expected, _ = run(engine, [GenerationRequest(r.request_id, r.prompt_ids, r.params) for r in reqs])
     real = sampling.sample_row
 

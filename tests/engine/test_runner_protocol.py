@@ -24,13 +24,22 @@ def engines(tiny_shape_model_dir):
     built = {}
     for native in (True, False):
         model = AutoModelForCausalLM.from_pretrained(tiny_shape_model_dir, local_files_only=True)
-        built["native" if native else "transformers"] = Engine(model, tokenizer, config=EngineConfig(
-            compile=False, native=native, max_rows=4))
+        built["native" if native else "transformers"] = Engine(
+            model, tokenizer, config=EngineConfig(compile=False, native=native, max_rows=4)
+        )
     return built
 
 
 def test_the_protocol_names_what_the_engine_uses():
-    assert {"forward", "admit", "release", "warm_up", "describe", "planned_rows", "compile_counts"} <= protocol_members()
+    assert {
+        "forward",
+        "admit",
+        "release",
+        "warm_up",
+        "describe",
+        "planned_rows",
+        "compile_counts",
+    } <= protocol_members()
 
 
 @pytest.mark.parametrize("kind", ["native", "transformers"])

@@ -1,10 +1,8 @@
 from dataclasses import replace
 
-import pytest
 import torch
 
-from aieng.engine import SamplingParams
-from aieng.engine import Engine, GenerationRequest, EngineConfig
+from aieng.engine import Engine, EngineConfig, SamplingParams
 from aieng.engine.sampling import apply_repetition_penalty, filter_top_k_top_p, new_generator, sample_row
 
 EAGER = EngineConfig(compile=False)  # the compiled path has its own tests (test_compile.py)
@@ -26,8 +24,11 @@ def test_top_k_and_top_p_filters():
 
 def test_sampling_is_reproducible_per_seed_and_varies_across_seeds():
     logits = torch.zeros(50)
-    draw = lambda seed: [sample_row(logits, SamplingParams(temperature=1.0), g, None)  # noqa: E731
-                         for g in [new_generator(seed, torch.device("cpu"))] for _ in range(20)]
+
+    def draw(seed):
+        generator = new_generator(seed, torch.device("cpu"))
+        return [sample_row(logits, SamplingParams(temperature=1.0), generator, None) for _ in range(20)]
+
     assert draw(7) == draw(7)
     assert draw(7) != draw(8)
 
@@ -38,7 +39,9 @@ def test_top_k_1_and_tiny_top_p_equal_greedy(demo, render):
     prompt = render("json: name=bob age=17")
     greedy = engine.generate([prompt], SamplingParams(max_tokens=16, temperature=0))[0].text
     assert engine.generate([prompt], SamplingParams(max_tokens=16, temperature=1.5, top_k=1, seed=3))[0].text == greedy
-    assert engine.generate([prompt], SamplingParams(max_tokens=16, temperature=1.5, top_p=1e-6, seed=3))[0].text == greedy
+    assert (
+        engine.generate([prompt], SamplingParams(max_tokens=16, temperature=1.5, top_p=1e-6, seed=3))[0].text == greedy
+    )
 
 
 def test_a_seeded_row_is_reproducible_whatever_its_batch_mates(demo, render):
@@ -47,7 +50,11 @@ def test_a_seeded_row_is_reproducible_whatever_its_batch_mates(demo, render):
     seeded = SamplingParams(max_tokens=20, temperature=1.3, seed=1234)
     alone = engine.generate([render("sort: river apple stone")], seeded)[0].token_ids
     mates = [render("add: 11+22"), render("reverse: egg fish gold hill ice"), render("sort: river apple stone")]
-    params = [SamplingParams(max_tokens=20, temperature=0.9, seed=5), SamplingParams(max_tokens=7, temperature=0), seeded]
+    params = [
+        SamplingParams(max_tokens=20, temperature=0.9, seed=5),
+        SamplingParams(max_tokens=7, temperature=0),
+        seeded,
+    ]
     in_batch = engine.generate(mates, params)[2].token_ids
     assert in_batch == alone
 
@@ -55,8 +62,10 @@ def test_a_seeded_row_is_reproducible_whatever_its_batch_mates(demo, render):
 def test_high_temperature_without_seed_gives_varied_output(demo, render):
     model, tokenizer = demo
     engine = Engine(model, tokenizer, config=EAGER)
-    outs = {engine.generate([render("reverse: apple stone river")], SamplingParams(max_tokens=12, temperature=5.0))[0].text
-            for _ in range(5)}
+    outs = {
+        engine.generate([render("reverse: apple stone river")], SamplingParams(max_tokens=12, temperature=5.0))[0].text
+        for _ in range(5)
+    }
     assert len(outs) > 1
 
 

@@ -1,22 +1,22 @@
-"""Each serving path over real HTTP: a model registered in a store, served by ``aieng serve`` on a
-loopback port, its greedy answers equal to transformers' ``generate()``.
+"""Each serving path through the served app: a model registered in a store, served by the runtime
+and app ``aieng serve`` runs (in this process: ``inprocess``, tests/conftest.py), its greedy
+answers over the HTTP routes equal to transformers' ``generate()``.
 
-One server per path: the native forward on a Llama with attention and MLP biases (the
+One app per path: the native forward on a Llama with attention and MLP biases (the
 configuration it used to answer wrongly without a word), the transformers forward on GPT-2.
 Prompts go in as concurrent requests with different ``max_tokens``, so rows join and leave the
 server's batch at different steps.
 """
 
 import json
+import logging
 import os
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
-import httpx
 import pytest
 
-from aieng.bench.server_process import ServerProcess
 from aieng.engine.hf_model import pad_token_id
 from aieng.engine.reference import reference_greedy
 from aieng.engine.serving_table import ROWS, Row
@@ -50,7 +50,9 @@ def expected(folder):
     model, tokenizer = load(folder)
     eos = eos_token_ids(model, tokenizer)
     ids = [tokenizer(p)["input_ids"] for p in PROMPTS]
-    rows = reference_greedy(model, ids, max_new_tokens=max(MAX_TOKENS), eos_ids=eos, pad_id=pad_token_id(tokenizer, eos))
+    rows = reference_greedy(
+        model, ids, max_new_tokens=max(MAX_TOKENS), eos_ids=eos, pad_id=pad_token_id(tokenizer, eos)
+    )
     answers = []
     for row, limit in zip(rows, MAX_TOKENS):
         row = row[:limit]
@@ -61,41 +63,63 @@ def expected(folder):
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("path", list(CASES))
-def test_the_served_greedy_answer_is_generate_s(path, store):
+def test_the_served_greedy_answer_is_generate_s(path, store, inprocess, caplog):
+    caplog.set_level(logging.INFO)
     folder = store.version_dir(path, "1")
-    with ServerProcess(store=store.root, model=path, extra_args=["--workers", "1", "--no-compile"]) as server:
-        def ask(i: int):
-            body = {"model": path, "prompt": PROMPTS[i], "max_tokens": MAX_TOKENS[i], "temperature": 0}
-            choice = httpx.post(f"{server.base_url}/v1/completions", json=body, timeout=60).json()["choices"][0]
-            return choice["text"], choice["finish_reason"]
+    client = inprocess(store.root, path, workers="1")  # compile off, as in every in-process app
 
-        with ThreadPoolExecutor(len(PROMPTS)) as pool:
-            answers = list(pool.map(ask, range(len(PROMPTS))))
-        log = server.output()
+    def ask(i: int):
+        body = {"model": path, "prompt": PROMPTS[i], "max_tokens": MAX_TOKENS[i], "temperature": 0}
+        choice = client.post("/v1/completions", json=body).json()["choices"][0]
+        return choice["text"], choice["finish_reason"]
+
+    with ThreadPoolExecutor(len(PROMPTS)) as pool:
+        answers = list(pool.map(ask, range(len(PROMPTS))))
+    events = {getattr(record, "event", None): record for record in caplog.records}
     assert answers == expected(folder)
-    assert ("serving with the transformers forward" in log) == (path == "transformers")
-    assert ('"event": "engine_kv_cache"' in log) == (path == "native")  # the native runner's static cache
-    chosen = next(json.loads(line) for line in log.splitlines() if '"event": "serving_plan"' in line)
-    assert chosen["runner"] == path and chosen["workers"] == 1 and chosen["compile"].startswith("off")
+    assert any(r.getMessage().startswith("serving with the transformers forward") for r in caplog.records) == (
+        path == "transformers"
+    )
+    assert ("engine_kv_cache" in events) == (path == "native")  # the native runner's static cache
+    chosen = events["serving_plan"]
+    assert chosen.runner == path and chosen.workers == 1 and chosen.compile.startswith("off")
 
 
 @pytest.mark.parametrize("path", list(CASES))
 def test_model_inspect_says_which_forward_and_why_without_serving(path, store):
     env = {**os.environ, "AIENG_COMPILE": "0", "AIENG_WEIGHT_FORMATS": "float32"}
-    result = subprocess.run([sys.executable, "-m", "aieng", "model", "inspect", path, "--store", str(store.root),
-                             "--json"], capture_output=True, text=True, env=env, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-m", "aieng", "model", "inspect", path, "--store", str(store.root), "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr
     plan = json.loads(result.stdout)
     assert plan["runner"] == path and plan["version"] == "1" and plan["workers"] >= 1
     if path == "native":
         assert plan["runner_why"] == "the native forward implements every option of this config"
-        assert plan["weights"].startswith("fp32 weights for every step") and "AIENG_WEIGHT_FORMATS=float32" in plan["weights"]
+        assert (
+            plan["weights"].startswith("fp32 weights for every step")
+            and "AIENG_WEIGHT_FORMATS=float32" in plan["weights"]
+        )
         assert " rows x " in plan["kv_cache"] and plan["kv_cache_why"].startswith("AIENG_KV_CACHE_DTYPE=auto")
     else:
         assert "gpt2 is not of the Llama family" in plan["runner_why"] and "dynamic cache" in plan["kv_cache"]
-    text = subprocess.run([sys.executable, "-m", "aieng", "model", "inspect", f"{path}@1", "--store", str(store.root)],
-                          capture_output=True, text=True, env=env, timeout=300)
+    text = subprocess.run(
+        [sys.executable, "-m", "aieng", "model", "inspect", f"{path}@1", "--store", str(store.root)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert text.returncode == 0 and text.stdout.splitlines()[2].startswith(f"forward          {path}: ")
-    missing = subprocess.run([sys.executable, "-m", "aieng", "model", "inspect", f"{path}@7", "--store", str(store.root)],
-                             capture_output=True, text=True, env=env, timeout=300)
+    missing = subprocess.run(
+        [sys.executable, "-m", "aieng", "model", "inspect", f"{path}@7", "--store", str(store.root)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert missing.returncode == 1 and "does not exist" in missing.stderr and "Traceback" not in missing.stderr

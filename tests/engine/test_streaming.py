@@ -1,13 +1,16 @@
 import pytest
 
-from aieng.engine import SamplingParams
+from aieng.engine import Engine, EngineConfig, SamplingParams
 from aieng.engine.detokenize import IncrementalDetokenizer
-from aieng.engine import Engine, EngineConfig
 from aieng.engine.stops import StopMatcher
 
 EAGER = EngineConfig(compile=False)  # the compiled path has its own tests (test_compile.py)
 
-TEXTS = ["naïve café — 東京タワー 🚀🔥 emoji and ascii", "ünïcödé 😀😃😄 mixed 中文字符 text", "plain words apple stone river"]
+TEXTS = [
+    "naïve café — 東京タワー 🚀🔥 emoji and ascii",
+    "ünïcödé 😀😃😄 mixed 中文字符 text",
+    "plain words apple stone river",
+]
 
 
 @pytest.mark.parametrize("text", TEXTS)
@@ -57,7 +60,9 @@ def test_stop_string_is_excluded_and_finishes_the_row(demo, render):
 
 def test_max_tokens_gives_length(demo, render):
     model, tokenizer = demo
-    result = Engine(model, tokenizer, config=EAGER).generate([render("json: name=ana age=31")], SamplingParams(max_tokens=3, temperature=0))[0]
+    result = Engine(model, tokenizer, config=EAGER).generate(
+        [render("json: name=ana age=31")], SamplingParams(max_tokens=3, temperature=0)
+    )[0]
     assert result.finish_reason == "length" and result.completion_tokens == 3
 
 

@@ -9,8 +9,14 @@ from aieng.engine import Engine, EngineConfig, GenerationRequest, SamplingParams
 from aieng.engine.native.slots import SlotKVCache, SlotShape
 from aieng.engine.native.succession import awaits_kv_cache, hand_over_cache, reclaim_cache, take_cache
 
-PROMPTS = ["reverse: apple stone river", "add: 27+58", "json: name=ana age=31 city=oslo", "sort: river apple stone",
-           "reverse: moon sun", "add: 3+4"]
+PROMPTS = [
+    "reverse: apple stone river",
+    "add: 27+58",
+    "json: name=ana age=31 city=oslo",
+    "sort: river apple stone",
+    "reverse: moon sun",
+    "add: 3+4",
+]
 
 
 @torch.inference_mode()

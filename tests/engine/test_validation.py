@@ -2,25 +2,28 @@
 
 import pytest
 
-from aieng.engine import EngineConfig, GenerationRequest, SamplingParams, validate_request
+from aieng.engine import EngineConfig, SamplingParams, validate_request
 from aieng.engine.engine import Engine
 from aieng.errors import InvalidRequestError
 
 EAGER = EngineConfig(compile=False)  # the compiled path has its own tests (test_compile.py)
 
 
-@pytest.mark.parametrize("params,param,fragment", [
-    (SamplingParams(temperature=-0.1), "temperature", "temperature must be >= 0"),
-    (SamplingParams(top_p=0), "top_p", "top_p must be > 0 and <= 1"),
-    (SamplingParams(top_p=1.5), "top_p", "top_p must be > 0 and <= 1"),
-    (SamplingParams(top_k=-1), "top_k", "top_k must be >= 0"),
-    (SamplingParams(max_tokens=0), "max_tokens", "max_tokens must be >= 1"),
-    (SamplingParams(stop=("a", "b", "c", "d", "e")), "stop", "at most 4 stop strings"),
-    (SamplingParams(repetition_penalty=0), "repetition_penalty", "repetition_penalty must be > 0"),
-    (SamplingParams(temperature=float("nan")), "temperature", "temperature must be a finite number"),
-    (SamplingParams(temperature=float("inf")), "temperature", "temperature must be a finite number"),
-    (SamplingParams(repetition_penalty=float("nan")), "repetition_penalty", "must be a finite number"),
-])
+@pytest.mark.parametrize(
+    "params,param,fragment",
+    [
+        (SamplingParams(temperature=-0.1), "temperature", "temperature must be >= 0"),
+        (SamplingParams(top_p=0), "top_p", "top_p must be > 0 and <= 1"),
+        (SamplingParams(top_p=1.5), "top_p", "top_p must be > 0 and <= 1"),
+        (SamplingParams(top_k=-1), "top_k", "top_k must be >= 0"),
+        (SamplingParams(max_tokens=0), "max_tokens", "max_tokens must be >= 1"),
+        (SamplingParams(stop=("a", "b", "c", "d", "e")), "stop", "at most 4 stop strings"),
+        (SamplingParams(repetition_penalty=0), "repetition_penalty", "repetition_penalty must be > 0"),
+        (SamplingParams(temperature=float("nan")), "temperature", "temperature must be a finite number"),
+        (SamplingParams(temperature=float("inf")), "temperature", "temperature must be a finite number"),
+        (SamplingParams(repetition_penalty=float("nan")), "repetition_penalty", "must be a finite number"),
+    ],
+)
 def test_each_invalid_parameter_has_one_precise_message(params, param, fragment):
     with pytest.raises(InvalidRequestError) as info:
         validate_request(3, params, context_length=512)

@@ -8,8 +8,12 @@ SHA = "a" * 64
 
 
 def _eval(suite="demo-heldout-v1", perplexity=1.01, template=SHA, **accuracy):
-    return {"suite": suite, "metrics": {"accuracy": accuracy, "perplexity": perplexity}, "n_per_family": 50,
-            "template_sha256": template}
+    return {
+        "suite": suite,
+        "metrics": {"accuracy": accuracy, "perplexity": perplexity},
+        "n_per_family": 50,
+        "template_sha256": template,
+    }
 
 
 def _version(version="2", baseline=None, template=SHA, **eval_kwargs):
@@ -35,7 +39,9 @@ def test_the_defaults_pass_the_demo_on_any_cpu_and_refuse_a_broken_build():
     epyc = dict(reverse=0.96, json=0.94, add=0.86, sort=0.92)  # the weakest demo build measured so far
     assert release_gate(_version(**epyc)).passed
     assert not release_gate(_version(reverse=0.1, json=0.0, add=0.0, sort=0.0, perplexity=9.0)).passed
-    assert GateThresholds.with_overrides(gate_families=["add"], min_accuracy=None) == GateThresholds(gate_families=("add",))
+    assert GateThresholds.with_overrides(gate_families=["add"], min_accuracy=None) == GateThresholds(
+        gate_families=("add",)
+    )
     with pytest.raises(ValueError, match="unknown gate thresholds"):
         GateThresholds.with_overrides(min_acuracy=0.5)
 
@@ -69,8 +75,10 @@ def test_a_current_eval_of_another_suite_is_not_compared():
 def test_a_missing_family_counts_as_zero():
     candidate = _version(reverse=0.98, add=0.98, sort=0.9)  # no "json"
     decision = release_gate(candidate, _version("1", **GOOD))
-    assert _messages(decision) == ["floor: json: not measured (counts as 0%) < 80%",
-                                   "regression: json: 0.0% regresses from 96.0% (current 1)"]
+    assert _messages(decision) == [
+        "floor: json: not measured (counts as 0%) < 80%",
+        "regression: json: 0.0% regresses from 96.0% (current 1)",
+    ]
 
 
 def test_perplexity_has_a_ceiling_and_a_limit_on_its_rise():
@@ -85,7 +93,8 @@ def test_a_template_changed_since_the_evaluation_is_refused():
     changed = Evidence("2", _eval(template="b" * 64, **GOOD), None, SHA)
     assert _messages(release_gate(changed)) == [
         "template: the chat template changed since the evaluation (evaluated with bbbbbbbbbbbb, ships aaaaaaaaaaaa): "
-        "re-run `aieng eval`"]
+        "re-run `aieng eval`"
+    ]
     unrecorded = Evidence("2", _eval(template=None, **GOOD), None, SHA)
     assert release_gate(unrecorded).rules_fired == ["template"]
     assert release_gate(Evidence("2", _eval(template=None, **GOOD), None, None)).passed  # no template at all
@@ -97,7 +106,8 @@ def test_performance_is_compared_only_under_the_same_load():
     assert decision.compared == {"eval": True, "performance": True}
     assert _messages(decision) == [
         "performance: 700.0 tokens/s drops more than 20% below 1000.0 (current 1)",
-        "performance: p99 latency 0.900 s > 1.5 x 0.500 s (current 1)"]
+        "performance: p99 latency 0.900 s > 1.5 x 0.500 s (current 1)",
+    ]
     other_load = {**slow, "concurrency": 8}
     decision = release_gate(_version(baseline=other_load, **GOOD), _version("1", baseline=BASELINE, **GOOD))
     assert decision.passed and not decision.compared["performance"]
@@ -106,8 +116,12 @@ def test_performance_is_compared_only_under_the_same_load():
 
 
 def test_every_rule_that_fires_is_reported():
-    candidate = Evidence("3", _eval(reverse=0.5, json=0.74, add=0.80, sort=0.9, perplexity=3.0, template="c" * 64),
-                         {**BASELINE, "tokens_per_s": 10.0}, SHA)
+    candidate = Evidence(
+        "3",
+        _eval(reverse=0.5, json=0.74, add=0.80, sort=0.9, perplexity=3.0, template="c" * 64),
+        {**BASELINE, "tokens_per_s": 10.0},
+        SHA,
+    )
     decision = release_gate(candidate, _version("2", baseline=BASELINE, **GOOD))
     assert not decision.passed
     assert decision.rules_fired == ["floor", "regression", "perplexity", "template", "performance"]
@@ -124,7 +138,10 @@ def test_thresholds_are_honoured():
     strict = GateThresholds(gate_families=("sort",), min_accuracy=0.95, max_regression=0.0)
     current = Evidence(None, _eval(**GOOD), None, SHA)
     decision = release_gate(_version(**{**GOOD, "add": 0.97}), current, strict)
-    assert _messages(decision) == ["floor: sort: 90.0% < 95%", "regression: add: 97.0% regresses from 98.0% (current version)"]
+    assert _messages(decision) == [
+        "floor: sort: 90.0% < 95%",
+        "regression: add: 97.0% regresses from 98.0% (current version)",
+    ]
 
 
 def test_a_candidate_without_an_evaluation_is_refused():

@@ -29,9 +29,12 @@ def test_int8_result_and_delta_are_recorded_beside_the_full_precision_one(store)
     assert recorded["template_sha256"] == store.manifest(ref).prompt_template["sha256"]  # what the gate ties
     int8 = recorded["variants"]["int8"]
     for family, accuracy in int8["metrics"]["accuracy"].items():
-        assert int8["delta"]["accuracy"][family] == pytest.approx(accuracy - base["metrics"]["accuracy"][family], abs=1e-4)
-    assert int8["delta"]["perplexity"] == pytest.approx(int8["metrics"]["perplexity"] - base["metrics"]["perplexity"],
-                                                        abs=1e-3)
+        assert int8["delta"]["accuracy"][family] == pytest.approx(
+            accuracy - base["metrics"]["accuracy"][family], abs=1e-4
+        )
+    assert int8["delta"]["perplexity"] == pytest.approx(
+        int8["metrics"]["perplexity"] - base["metrics"]["perplexity"], abs=1e-3
+    )
     assert result["int8"] is True
     again = evaluate_version(store, ref, n_per_family=4)  # re-running full precision keeps the variant
     assert store.manifest(ref).eval["variants"]["int8"] == int8 and again["variants"]["int8"] == int8
@@ -55,8 +58,9 @@ def test_the_bf16_kv_cache_variant_is_recorded_and_its_rounding_is_undone_afterw
     result = evaluate_version(store, ref, n_per_family=4, variant="kv_bfloat16")
     entry = store.manifest(ref).eval["variants"]["kv_bfloat16"]
     assert result["variant"] == "kv_bfloat16" and entry["metrics"] == result["metrics"]
-    assert entry["delta"]["perplexity"] == pytest.approx(entry["metrics"]["perplexity"] - base["metrics"]["perplexity"],
-                                                         abs=1e-3)
+    assert entry["delta"]["perplexity"] == pytest.approx(
+        entry["metrics"]["perplexity"] - base["metrics"]["perplexity"], abs=1e-3
+    )
     assert entry["metrics"]["perplexity"] != base["metrics"]["perplexity"]  # the rounding did reach the attention
 
     model = load_version(store, ref).model

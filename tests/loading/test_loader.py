@@ -7,7 +7,6 @@ import torch
 from aieng.errors import AiengError, ModelLoadError, VerificationError
 from aieng.loading import check_memory_budget, choose_device, choose_dtype
 from aieng.loading.loader import LoadConfig, load_folder, load_version
-from aieng.observability.metrics import MODEL_LOAD_ERRORS, MODEL_LOAD_SECONDS
 from aieng.store import ModelRef, ModelStore
 
 

@@ -21,10 +21,17 @@ from aieng.loadtest.checks import CheckLimits
 from aieng.loadtest.run import LoadTest, run_loadtest
 from aieng.loadtest.workload import parse_workload
 
-WORKLOAD = {"name": "tiny", "duration_s": 4, "warmup_s": 1, "cooldown_s": 0.5,
-            "arrival": {"process": "constant", "rate": 10},
-            "classes": [{"name": "short", "share": 0.5, "max_tokens": 3, "family": ["add"]},
-                        {"name": "long", "share": 0.5, "max_tokens": 6, "text": "reverse: a b c", "exact_tokens": True}]}
+WORKLOAD = {
+    "name": "tiny",
+    "duration_s": 4,
+    "warmup_s": 1,
+    "cooldown_s": 0.5,
+    "arrival": {"process": "constant", "rate": 10},
+    "classes": [
+        {"name": "short", "share": 0.5, "max_tokens": 3, "family": ["add"]},
+        {"name": "long", "share": 0.5, "max_tokens": 6, "text": "reverse: a b c", "exact_tokens": True},
+    ],
+}
 
 
 def double(*, fail_every=0, leak=0, stuck=False, miscount=0, seconds_per_request=0.01, busy_every=0):
@@ -52,10 +59,10 @@ def double(*, fail_every=0, leak=0, stuck=False, miscount=0, seconds_per_request
 
         async def stream():
             async with capacity:
-                for i in range(tokens):
+                for _i in range(tokens):
                     await asyncio.sleep(seconds_per_request / tokens)
-                    yield f'data: {json.dumps({"choices": [{"delta": {"content": "x"}, "finish_reason": None}]})}\n\n'
-            yield f'data: {json.dumps({"choices": [], "usage": {"prompt_tokens": 4, "completion_tokens": tokens}})}\n\n'
+                    yield f"data: {json.dumps({'choices': [{'delta': {'content': 'x'}, 'finish_reason': None}]})}\n\n"
+            yield f"data: {json.dumps({'choices': [], 'usage': {'prompt_tokens': 4, 'completion_tokens': tokens}})}\n\n"
             yield "data: [DONE]\n\n"
 
         return StreamingResponse(stream(), media_type="text/event-stream")
@@ -67,8 +74,9 @@ def double(*, fail_every=0, leak=0, stuck=False, miscount=0, seconds_per_request
             f'aieng_requests_total{{{route},code="200"}} {state["ok"]}\n'
             f'aieng_requests_total{{{route},code="500"}} {state["errors"]}\n'
             f'aieng_generation_tokens_total{{version="1"}} {state["tokens"]}\n'
-            f'aieng_process_resident_memory_bytes {state["rss"]}\n'
-            f'aieng_requests_running {1 if stuck else 0}\naieng_requests_waiting 0\n')
+            f"aieng_process_resident_memory_bytes {state['rss']}\n"
+            f"aieng_requests_running {1 if stuck else 0}\naieng_requests_waiting 0\n"
+        )
 
     return app
 
@@ -94,8 +102,10 @@ def serve():
 
 
 def checks_of(url, tmp_path, **options):
-    data = run_loadtest(LoadTest(url=url, workload=parse_workload(WORKLOAD), out=tmp_path, progress=False,
-                                 **options), log=lambda line: None)
+    data = run_loadtest(
+        LoadTest(url=url, workload=parse_workload(WORKLOAD), out=tmp_path, progress=False, **options),
+        log=lambda line: None,
+    )
     return data, {c["name"]: c["passed"] for c in data["checks"]}
 
 
@@ -111,8 +121,9 @@ def test_a_leaking_erring_stuck_or_miscounting_server_fails_the_check_named(serv
     data, checks = checks_of(leaky, tmp_path / "leaky", limits=CheckLimits(max_error_rate=0.05, idle_timeout_s=2))
     assert checks == {"rss_growth": False, "metrics_agree": True, "idle_after": False, "error_rate": False}
     assert not data["passed"]
-    assert data["levels"][0]["summary"]["all"]["errors_by_status"] == {"500": pytest.approx(
-        data["levels"][0]["summary"]["all"]["failed"])}
+    assert data["levels"][0]["summary"]["all"]["errors_by_status"] == {
+        "500": pytest.approx(data["levels"][0]["summary"]["all"]["failed"])
+    }
     _, checks = checks_of(serve(double(miscount=1)), tmp_path / "liar")  # counts a token per request too many
     assert checks["metrics_agree"] is False and checks["error_rate"] is True
 
@@ -121,8 +132,12 @@ def test_a_sweep_finds_the_knee_of_a_server_with_known_capacity(serve, tmp_path)
     # two at a time, 0.2 s each: at most 10 requests per second
     url = serve(double(seconds_per_request=0.2))
     workload = parse_workload({**WORKLOAD, "sweep": {"rates": [3, 6, 20, 40], "duration_s": 3}})
-    data = run_loadtest(LoadTest(url=url, workload=workload, out=tmp_path, sweep=True, progress=False,
-                                 slos={"e2e": 1.0}, target_rps=25), log=lambda line: None)
+    data = run_loadtest(
+        LoadTest(
+            url=url, workload=workload, out=tmp_path, sweep=True, progress=False, slos={"e2e": 1.0}, target_rps=25
+        ),
+        log=lambda line: None,
+    )
     knee = data["saturation"]
     assert knee is not None and knee["offered_rps"] > 10 >= knee["throughput_rps"] * 0.9, knee
     plan = data["capacity"]

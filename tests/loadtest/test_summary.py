@@ -10,9 +10,19 @@ from aieng.loadtest.sweep import capacity_plan, saturation
 def record(cls="a", scheduled=1.0, ttft=0.1, gaps=(0.02, 0.02, 0.02), status=200, measured=True, sent=None):
     first = scheduled + ttft
     end = first + sum(gaps)
-    return RequestRecord(cls, scheduled, sent=scheduled if sent is None else sent, first_token=first, end=end,
-                         status=status, error=None if status == 200 else "boom", prompt_tokens=5,
-                         completion_tokens=len(gaps) + 1, gaps=list(gaps), measured=measured)
+    return RequestRecord(
+        cls,
+        scheduled,
+        sent=scheduled if sent is None else sent,
+        first_token=first,
+        end=end,
+        status=status,
+        error=None if status == 200 else "boom",
+        prompt_tokens=5,
+        completion_tokens=len(gaps) + 1,
+        gaps=list(gaps),
+        measured=measured,
+    )
 
 
 def test_percentiles_interpolate_like_numpy():
@@ -21,8 +31,7 @@ def test_percentiles_interpolate_like_numpy():
 
 
 def test_goodput_counts_only_successful_requests_within_every_slo():
-    records = [record(), record(ttft=2.0), record(gaps=(0.02, 0.5, 0.02)), record(status=500),
-               record(measured=False)]
+    records = [record(), record(ttft=2.0), record(gaps=(0.02, 0.5, 0.02)), record(status=500), record(measured=False)]
     slos = parse_slos(["ttft=1", "itl=0.1"])
     assert [meets(r, slos) for r in records[:4]] == [True, False, False, False]
     summary = summarize(records, (0.0, 4.0), slos)["all"]  # every request ended inside the window
@@ -56,8 +65,17 @@ def test_the_timeline_puts_tokens_in_their_second():
 
 
 def level(offered, served, p50, attainment=1.0):
-    return {"summary": {"all": {"offered_rps": offered, "throughput_rps": served, "goodput_rps": served * attainment,
-                                "slo_attainment": attainment, "e2e_s": {"p50": p50}}}}
+    return {
+        "summary": {
+            "all": {
+                "offered_rps": offered,
+                "throughput_rps": served,
+                "goodput_rps": served * attainment,
+                "slo_attainment": attainment,
+                "e2e_s": {"p50": p50},
+            }
+        }
+    }
 
 
 def test_saturation_is_where_throughput_stops_following_the_rate():

@@ -1,9 +1,7 @@
 import pytest
 
-from aieng.bench.server_process import ServerProcess
-
 
 @pytest.fixture(scope="module")
-def two_workers(demo_store):
-    with ServerProcess(store=demo_store.root, extra_args=["--workers", "2"]) as proc:
-        yield proc
+def two_workers(shared_server):
+    """A real 2-worker server: the session's (tests/conftest.py), which these tests only read."""
+    return shared_server

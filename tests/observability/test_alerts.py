@@ -20,8 +20,13 @@ def test_the_default_is_the_projects_rule_file():
 
 def test_the_triage_thresholds_are_the_numbers_in_the_file():
     thresholds = triage_thresholds()
-    assert (thresholds.ttft_p99_s, thresholds.server_error_rate, thresholds.early_eos_rate,
-            thresholds.host_memory_used, thresholds.queue_saturation) == (1.5, 0.05, 0.15, 0.95, 0.8)
+    assert (
+        thresholds.ttft_p99_s,
+        thresholds.server_error_rate,
+        thresholds.early_eos_rate,
+        thresholds.host_memory_used,
+        thresholds.queue_saturation,
+    ) == (1.5, 0.05, 0.15, 0.95, 0.8)
     rules = _rules()
     for field_name, alert in TRIAGE_ALERTS.items():
         # each number is literally the end of its alert's expression, not a copy kept elsewhere

@@ -1,12 +1,11 @@
-"""JSON log lines keyed by trace id, over a real server."""
+"""JSON log lines keyed by trace id, over a real server (the session's); payload sampling on the
+served app in-process."""
 
 import json
+import logging
 import time
 
 import httpx
-import pytest
-
-from aieng.bench.server_process import ServerProcess
 
 TRACE = "0af7651916cd43dd8448eb211c80319c"
 
@@ -15,15 +14,20 @@ def lines(proc):
     return [json.loads(line) for line in proc.output().splitlines() if line.startswith("{")]
 
 
-@pytest.fixture(scope="module")
-def sampled_server(demo_store):
-    with ServerProcess(store=demo_store.root, extra_args=["--workers", "1"],
-                       env={"AIENG_LOG_PAYLOAD_SAMPLE": "1.0"}) as proc:
-        yield proc
+def wait_for(found, timeout: float = 10.0) -> list:
+    """``found()`` once it is not empty (or empty after ``timeout``): a request's last lines are
+    written as its response ends, and reach the log file a moment later."""
+    deadline = time.monotonic() + timeout
+    while not (result := found()) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return result
 
 
 def test_every_stderr_line_is_json_with_the_contract_fields(two_workers):
     httpx.get(f"{two_workers.base_url}/health/ready")
+    # a prompt past the model's length: transformers warns about it, in a JSON line like the rest
+    too_long = httpx.post(f"{two_workers.base_url}/v1/completions", json={"model": "demo", "prompt": "apple " * 600})
+    assert too_long.status_code == 400
     raw = [line for line in two_workers.output().splitlines() if line.strip()]
     parsed = [json.loads(line) for line in raw if line.startswith("{")]
     assert len(parsed) == len(raw), [line for line in raw if not line.startswith("{")][:3]
@@ -31,17 +35,30 @@ def test_every_stderr_line_is_json_with_the_contract_fields(two_workers):
 
 
 def test_traceparent_is_echoed_and_follows_the_request(two_workers):
-    resp = httpx.post(f"{two_workers.base_url}/v1/completions", timeout=30,
-                      headers={"traceparent": f"00-{TRACE}-b7ad6b7169203331-01", "X-Request-ID": "req-42"},
-                      json={"model": "demo", "prompt": "<|bos|><|user|>add: 11+11<|end|><|assistant|>", "max_tokens": 4})
+    resp = httpx.post(
+        f"{two_workers.base_url}/v1/completions",
+        timeout=30,
+        headers={"traceparent": f"00-{TRACE}-b7ad6b7169203331-01", "X-Request-ID": "req-42"},
+        json={"model": "demo", "prompt": "<|bos|><|user|>add: 11+11<|end|><|assistant|>", "max_tokens": 4},
+    )
     assert resp.headers["x-trace-id"] == TRACE and resp.headers["x-request-id"] == "req-42"
-    time.sleep(0.3)
-    ours = [line for line in lines(two_workers) if line["trace_id"] == TRACE]
-    finished = [line for line in ours if line["event"] == "request_finished"]
+    finished = wait_for(
+        lambda: [
+            line for line in lines(two_workers) if line["trace_id"] == TRACE and line["event"] == "request_finished"
+        ]
+    )
     assert len(finished) == 1
     line = finished[0]
     assert line["request_id"] == "req-42" and line["model"] == "demo" and line["version"] == "1"
-    assert {"queue_s", "prefill_s", "decode_s", "total_s", "prompt_tokens", "completion_tokens", "finish_reason"} <= set(line)
+    assert {
+        "queue_s",
+        "prefill_s",
+        "decode_s",
+        "total_s",
+        "prompt_tokens",
+        "completion_tokens",
+        "finish_reason",
+    } <= set(line)
     assert "prompt" not in line and "output" not in line  # payloads are not logged by default
 
 
@@ -52,25 +69,45 @@ def test_generated_trace_id_when_no_header(two_workers):
 
 def test_engine_thread_lines_carry_the_trace_id(two_workers):
     trace = "1" * 32
-    resp = httpx.post(f"{two_workers.base_url}/v1/completions", timeout=30,
-                      headers={"traceparent": f"00-{trace}-b7ad6b7169203331-01"},
-                      json={"model": "demo", "prompt": "<|bos|><|user|>add: 11+11<|end|><|assistant|>", "max_tokens": 400,
-                            "ignore_eos": True, "timeout": 0.05})
+    resp = httpx.post(
+        f"{two_workers.base_url}/v1/completions",
+        timeout=30,
+        headers={"traceparent": f"00-{trace}-b7ad6b7169203331-01"},
+        json={
+            "model": "demo",
+            "prompt": "<|bos|><|user|>add: 11+11<|end|><|assistant|>",
+            "max_tokens": 400,
+            "ignore_eos": True,
+            "timeout": 0.05,
+        },
+    )
     assert resp.status_code == 504 and resp.json()["error"]["code"] == "timeout"
-    time.sleep(0.3)
-    timeout_lines = [line for line in lines(two_workers) if line["event"] == "request_timeout"]
-    assert any(line["trace_id"] == trace and line["logger"] == "aieng.scheduler" for line in timeout_lines)
+    ours = wait_for(
+        lambda: [
+            line for line in lines(two_workers) if line["event"] == "request_timeout" and line["trace_id"] == trace
+        ]
+    )
+    assert any(line["logger"] == "aieng.scheduler" for line in ours), ours
 
 
-def test_payload_sampling_logs_prompt_and_output(sampled_server):
-    trace = "2" * 32
-    httpx.post(f"{sampled_server.base_url}/v1/completions", timeout=30,
-               headers={"traceparent": f"00-{trace}-b7ad6b7169203331-01"},
-               json={"model": "demo", "prompt": "<|bos|><|user|>add: 23+32<|end|><|assistant|>", "max_tokens": 4,
-                     "temperature": 0})
-    time.sleep(0.3)
-    line = next(line for line in lines(sampled_server) if line["trace_id"] == trace and line["event"] == "request_finished")
-    assert line["prompt"].endswith("<|assistant|>") and line["output"] == "55"
+def test_payload_sampling_logs_prompt_and_output(inprocess, session_store, caplog):
+    """AIENG_LOG_PAYLOAD_SAMPLE=1.0: every request_finished line carries the prompt and the output
+    (the app in this process; its log records are read as they are made)."""
+    sampled = inprocess(session_store.root, log_payload_sample=1.0)
+    caplog.set_level(logging.INFO, logger="aieng.request")
+    sampled.post(
+        "/v1/completions",
+        headers={"X-Request-ID": "sampled-1"},
+        json={
+            "model": "demo",
+            "prompt": "<|bos|><|user|>add: 23+32<|end|><|assistant|>",
+            "max_tokens": 4,
+            "temperature": 0,
+        },
+    )
+    finished = wait_for(lambda: [r for r in caplog.records if getattr(r, "event", None) == "request_finished"])
+    assert finished, "no request_finished line"
+    assert finished[-1].prompt.endswith("<|assistant|>") and finished[-1].output == "55"
 
 
 def test_errors_keep_tracebacks_server_side(two_workers):

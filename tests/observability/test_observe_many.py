@@ -5,14 +5,18 @@ from types import SimpleNamespace
 import pytest
 from prometheus_client import CollectorRegistry, Histogram
 
-from aieng.observability import metrics
 from aieng.engine import StepResult
+from aieng.observability import metrics
 from aieng.observability.observer import MetricsObserver
 
 
 def _samples(histogram_name, registry):
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in registry.collect() for s in family.samples if s.name.startswith(histogram_name)}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in registry.collect()
+        for s in family.samples
+        if s.name.startswith(histogram_name)
+    }
 
 
 def test_observe_many_matches_one_observe_per_value():

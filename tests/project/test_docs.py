@@ -38,8 +38,10 @@ def test_every_metric_and_only_those_are_documented():
 def test_every_file_the_docs_name_exists():
     text = "\n".join(doc.read_text() for doc in [README, *DOCS])
     # Files of the package, named from inside it (engine/native/slots.py) or from the root (aieng/...).
-    folders = ("server/(?:http|process)|scheduler|engine|observability|store|bench|evaluation|release|loadtest|"
-               "loading|demo|host|locks|workbook|cli")
+    folders = (
+        "server/(?:http|process)|scheduler|engine|observability|store|bench|evaluation|release|loadtest|"
+        "loading|demo|host|locks|workbook|cli"
+    )
     named = set(re.findall(rf"(?<![\w/.])(?:aieng/)?((?:{folders})(?:/[a-z_]+)*/[a-z_]+\.py)\b", text))
     assert named, "the pattern found nothing: the check would pass vacuously"
     missing = sorted(p for p in named if not (ROOT / "aieng" / p).is_file())
@@ -52,8 +54,9 @@ def test_every_file_the_docs_name_exists():
 
 
 def test_every_package_folder_is_in_the_folder_table():
-    folders = {p.parent.relative_to(ROOT).as_posix() for p in (ROOT / "aieng").rglob("*.py")
-               if p.name != "__init__.py"} - {"aieng"}  # aieng/server holds only its two halves
+    folders = {
+        p.parent.relative_to(ROOT).as_posix() for p in (ROOT / "aieng").rglob("*.py") if p.name != "__init__.py"
+    } - {"aieng"}  # aieng/server holds only its two halves
     documented = set(re.findall(r"\| `(aieng/[a-z_/]+)/` \|", ARCHITECTURE))
     assert folders == documented
 

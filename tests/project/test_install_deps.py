@@ -25,15 +25,19 @@ def _venv(tmp_path, cpu_index_answer: str | None) -> Path:
     (venv / "bin").mkdir(parents=True)
     python = venv / "bin" / "python"
     fail = f'echo "{cpu_index_answer}" >&2; exit 1' if cpu_index_answer else "exit 0"
-    python.write_text(f'#!/bin/sh\necho "$*" >> "{tmp_path}/calls"\n'
-                      f'case "$*" in *whl/cpu*) {fail} ;; esac\nexit 0\n')
+    python.write_text(f'#!/bin/sh\necho "$*" >> "{tmp_path}/calls"\ncase "$*" in *whl/cpu*) {fail} ;; esac\nexit 0\n')
     python.chmod(python.stat().st_mode | stat.S_IEXEC)
     return venv
 
 
 def _run(tmp_path, torch: str, venv: Path, path_dirs: str = "/usr/bin:/bin"):
-    result = subprocess.run([SCRIPT, torch, venv, str(ROOT / "locks" / "server.lock")], capture_output=True,
-                            text=True, env={**os.environ, "PATH": path_dirs}, timeout=60)
+    result = subprocess.run(
+        [SCRIPT, torch, venv, str(ROOT / "locks" / "server.lock")],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PATH": path_dirs},
+        timeout=60,
+    )
     calls = (tmp_path / "calls").read_text().splitlines() if (tmp_path / "calls").exists() else []
     return result, calls
 

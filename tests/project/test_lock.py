@@ -37,8 +37,10 @@ def test_the_production_lock_is_the_dev_lock_without_the_dev_tools():
 
 def test_every_dependency_is_pinned_and_every_pin_is_hashed():
     torch = {"torch"}
-    for lock_name, specs in [("server.lock", _project()["dependencies"]),
-                             ("dev.lock", _project()["dependencies"] + _project()["optional-dependencies"]["dev"])]:
+    for lock_name, specs in [
+        ("server.lock", _project()["dependencies"]),
+        ("dev.lock", _project()["dependencies"] + _project()["optional-dependencies"]["dev"]),
+    ]:
         lock = read_lock(LOCKS / lock_name)
         missing = sorted(n for n in _names(specs) - torch if n not in lock)
         assert not missing, f"run `make lock`: not pinned in {lock_name}: {missing}"

@@ -6,9 +6,18 @@ from aieng.locks import audit as lock_audit
 
 PROJECTS = {
     "safe": {"info": {"version": "1.0"}, "vulnerabilities": []},
-    "leaky": {"info": {"version": "2.0"}, "vulnerabilities": [
-        {"id": "PYSEC-2099-1", "aliases": ["CVE-2099-0001"], "fixed_in": ["2.1"], "summary": "reads files it should not"},
-        {"id": "PYSEC-2099-2", "aliases": [], "fixed_in": [], "withdrawn": "2099-01-01"}]},
+    "leaky": {
+        "info": {"version": "2.0"},
+        "vulnerabilities": [
+            {
+                "id": "PYSEC-2099-1",
+                "aliases": ["CVE-2099-0001"],
+                "fixed_in": ["2.1"],
+                "summary": "reads files it should not",
+            },
+            {"id": "PYSEC-2099-2", "aliases": [], "fixed_in": [], "withdrawn": "2099-01-01"},
+        ],
+    },
     "old": {"info": {"version": "5.0"}, "vulnerabilities": []},
     "local": {"info": {"version": "2.13.0"}, "vulnerabilities": []},
 }

@@ -55,8 +55,10 @@ def test_the_best_wheel_for_this_interpreter_is_chosen_over_sdists_and_foreign_w
 
 
 def test_yanked_files_and_those_for_another_python_are_not_chosen():
-    files = [_file("pkg-1.0-py3-none-any.whl", "b" * 64, yanked="broken"),
-             _file("pkg-1.0.tar.gz", "a" * 64, **{"requires-python": ">=99"})]
+    files = [
+        _file("pkg-1.0-py3-none-any.whl", "b" * 64, yanked="broken"),
+        _file("pkg-1.0.tar.gz", "a" * 64, **{"requires-python": ">=99"}),
+    ]
     assert registry_check.chosen_file(files, "1.0") is None
 
 
@@ -69,14 +71,23 @@ def test_a_lock_that_carries_another_builds_hash_is_a_problem_naming_the_served_
 
 @pytest.fixture
 def index(json_site):
-    return json_site({"simple/good": {"files": [_file("good-1.0-py3-none-any.whl", "1" * 64)]},
-                      "simple/linuxonly": {"files": [_file("linuxonly-1.0-py3-none-any.whl", "2" * 64)]}}) + "/simple"
+    return (
+        json_site(
+            {
+                "simple/good": {"files": [_file("good-1.0-py3-none-any.whl", "1" * 64)]},
+                "simple/linuxonly": {"files": [_file("linuxonly-1.0-py3-none-any.whl", "2" * 64)]},
+            }
+        )
+        + "/simple"
+    )
 
 
 def test_the_command_fails_on_a_missing_project_and_skips_pins_whose_marker_does_not_hold(index, tmp_path, capsys):
     lock = tmp_path / "x.lock"
-    lock.write_text(f"good==1.0 \\\n    --hash=sha256:{'1' * 64}\n"
-                    f"linuxonly==1.0 ; sys_platform == 'nowhere' \\\n    --hash=sha256:{'0' * 64}\n")
+    lock.write_text(
+        f"good==1.0 \\\n    --hash=sha256:{'1' * 64}\n"
+        f"linuxonly==1.0 ; sys_platform == 'nowhere' \\\n    --hash=sha256:{'0' * 64}\n"
+    )
     assert registry_check.main([str(lock), "--registry", index]) == 0
     assert "checked 1 pins" in capsys.readouterr().out
     lock.write_text(lock.read_text() + f"gone==1.0 \\\n    --hash=sha256:{'3' * 64}\n")

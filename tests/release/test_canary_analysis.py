@@ -13,17 +13,20 @@ def canary(**changes) -> Window:
     return Window(**{**base, **changes})
 
 
-@pytest.mark.parametrize("window, rules", [
-    (canary(), []),
-    (canary(errors=2), ["success_rate"]),  # 98% < 99%
-    (canary(errors=1), []),
-    (canary(latency_p99_s=1.2), ["latency"]),  # 3x stable
-    (canary(ttft_p99_s=0.5), ["ttft"]),
-    (canary(ttft_p99_s=0.14), []),  # 1.4x: within the ratio
-    (canary(early_eos=20), ["early_eos"]),  # 20% vs stable's 2%
-    (canary(requests=10, latency_p99_s=5.0, early_eos=5), []),  # too few requests to judge latency or EOS
-    (canary(requests=10, errors=1, latency_p99_s=5.0), ["success_rate"]),  # errors are judged at any count
-])
+@pytest.mark.parametrize(
+    "window, rules",
+    [
+        (canary(), []),
+        (canary(errors=2), ["success_rate"]),  # 98% < 99%
+        (canary(errors=1), []),
+        (canary(latency_p99_s=1.2), ["latency"]),  # 3x stable
+        (canary(ttft_p99_s=0.5), ["ttft"]),
+        (canary(ttft_p99_s=0.14), []),  # 1.4x: within the ratio
+        (canary(early_eos=20), ["early_eos"]),  # 20% vs stable's 2%
+        (canary(requests=10, latency_p99_s=5.0, early_eos=5), []),  # too few requests to judge latency or EOS
+        (canary(requests=10, errors=1, latency_p99_s=5.0), ["success_rate"]),  # errors are judged at any count
+    ],
+)
 def test_each_rule_fires_alone(window, rules):
     assert [f["rule"] for f in compare(window, STABLE)] == rules
 
@@ -31,13 +34,21 @@ def test_each_rule_fires_alone(window, rules):
 def test_a_ratio_below_the_slack_is_noise_not_a_regression():
     fast = Window(seconds=60, requests=500, errors=0, early_eos=0, latency_p99_s=0.020, ttft_p99_s=0.010)
     assert compare(canary(latency_p99_s=0.045, ttft_p99_s=0.030), fast) == []  # 2-3x, but by under 50 ms
-    assert [f["rule"] for f in compare(canary(latency_p99_s=0.045, ttft_p99_s=0.012), fast,
-                                       CanaryThresholds(latency_slack_s=0))] \
-        == ["latency"]
+    assert [
+        f["rule"]
+        for f in compare(canary(latency_p99_s=0.045, ttft_p99_s=0.012), fast, CanaryThresholds(latency_slack_s=0))
+    ] == ["latency"]
 
 
-@pytest.mark.parametrize("flags, says", [(["--steps", "10,5,100"], "rising"), (["--steps", "10,50"], "ending at 100"),
-                                         (["--steps", "ten"], "percentages"), (["--interval", "soon"], "--interval")])
+@pytest.mark.parametrize(
+    "flags, says",
+    [
+        (["--steps", "10,5,100"], "rising"),
+        (["--steps", "10,50"], "ending at 100"),
+        (["--steps", "ten"], "percentages"),
+        (["--interval", "soon"], "--interval"),
+    ],
+)
 def test_bad_canary_flags_are_refused_before_anything_changes(tmp_path, flags, says):
     from aieng.cli.main import main
 
@@ -51,11 +62,15 @@ def test_the_promql_of_a_check_names_the_version_the_selector_and_the_whole_inte
     from aieng.release.sources import promql
 
     queries = promql("3", 59.2, 'job="aieng"')
-    assert queries["requests"] == ('sum(increase(aieng_requests_total{route=~"/v1/completions|/v1/chat/completions",'
-                                   'version="3",job="aieng"}[60s]))')
+    assert queries["requests"] == (
+        'sum(increase(aieng_requests_total{route=~"/v1/completions|/v1/chat/completions",'
+        'version="3",job="aieng"}[60s]))'
+    )
     assert 'code=~"5.."' in queries["errors"]
-    assert queries["ttft_p99_s"] == ('histogram_quantile(0.99, sum by (le) (increase('
-                                     'aieng_time_to_first_token_seconds_bucket{version="3",job="aieng"}[60s])))')
+    assert queries["ttft_p99_s"] == (
+        "histogram_quantile(0.99, sum by (le) (increase("
+        'aieng_time_to_first_token_seconds_bucket{version="3",job="aieng"}[60s])))'
+    )
     assert all('version="3"' in q for q in queries.values())
 
 

@@ -5,8 +5,16 @@ import pytest
 from aieng.release.decision import HOLD, PROMOTE, ROLLBACK, RollbackThresholds, Window, decide
 
 BASELINE = {"concurrency": 32, "latency_p99_s": 1.0, "ttft_p99_s": 0.2, "tokens_per_s": 1000.0}
-HEALTHY = dict(seconds=60.0, requests=100, errors=0, early_eos=2, latency_p99_s=1.1, ttft_p99_s=0.25,
-               tokens_per_s=950.0, mean_running=32.0)
+HEALTHY = dict(
+    seconds=60.0,
+    requests=100,
+    errors=0,
+    early_eos=2,
+    latency_p99_s=1.1,
+    ttft_p99_s=0.25,
+    tokens_per_s=950.0,
+    mean_running=32.0,
+)
 
 CASES = [
     # (changes to the healthy window, baseline, expected action, expected rule)

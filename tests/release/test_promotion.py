@@ -15,9 +15,15 @@ GOOD = {"reverse": 1.0, "json": 0.96, "add": 0.98, "sort": 1.0}
 def _record_eval(store, version, accuracy, perplexity=1.01, template="shipped"):
     manifest = store.manifest(ModelRef("tiny", version))
     sha = manifest.prompt_template["sha256"] if template == "shipped" else template
-    store.update_manifest(ModelRef("tiny", version), eval={
-        "suite": "demo-heldout-v1", "metrics": {"accuracy": accuracy, "perplexity": perplexity},
-        "n_per_family": 50, "template_sha256": sha})
+    store.update_manifest(
+        ModelRef("tiny", version),
+        eval={
+            "suite": "demo-heldout-v1",
+            "metrics": {"accuracy": accuracy, "perplexity": perplexity},
+            "n_per_family": 50,
+            "template_sha256": sha,
+        },
+    )
 
 
 @pytest.fixture()

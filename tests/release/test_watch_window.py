@@ -3,16 +3,19 @@
 from aieng.observability.scrape import parse
 from aieng.release.watch import window_between
 
+
 def exposition(v1_ok: int, v2_ok: int, v1_failed: int, v1_early: int, v2_early: int) -> str:
     """/metrics text for two versions' generation counters."""
     route = 'route="/v1/completions"'
-    return (f'aieng_requests_total{{{route},code="200",version="1"}} {v1_ok}\n'
-            f'aieng_requests_total{{{route},code="200",version="2"}} {v2_ok}\n'
-            f'aieng_requests_total{{{route},code="500",version="1"}} {v1_failed}\n'
-            f'aieng_requests_finished_total{{finish_reason="length",version="1"}} {v1_ok}\n'
-            f'aieng_requests_finished_total{{finish_reason="length",version="2"}} {v2_ok}\n'
-            f'aieng_eos_early_total{{version="1"}} {v1_early}\n'
-            f'aieng_eos_early_total{{version="2"}} {v2_early}\n')
+    return (
+        f'aieng_requests_total{{{route},code="200",version="1"}} {v1_ok}\n'
+        f'aieng_requests_total{{{route},code="200",version="2"}} {v2_ok}\n'
+        f'aieng_requests_total{{{route},code="500",version="1"}} {v1_failed}\n'
+        f'aieng_requests_finished_total{{finish_reason="length",version="1"}} {v1_ok}\n'
+        f'aieng_requests_finished_total{{finish_reason="length",version="2"}} {v2_ok}\n'
+        f'aieng_eos_early_total{{version="1"}} {v1_early}\n'
+        f'aieng_eos_early_total{{version="2"}} {v2_early}\n'
+    )
 
 
 BEFORE = exposition(v1_ok=10, v2_ok=0, v1_failed=0, v1_early=0, v2_early=0)

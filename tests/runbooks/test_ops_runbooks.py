@@ -1,18 +1,15 @@
-"""warmup_verify and incident_triage executed with papermill against a real server."""
+"""warmup_verify and incident_triage executed with papermill against a real server (the session's,
+which they only read)."""
 
 import pytest
 from papermill.exceptions import PapermillExecutionError
 
 from aieng.workbook.runbooks import execute
-from aieng.bench.server_process import ServerProcess
-
-pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def live_server(demo_store):
-    with ServerProcess(store=demo_store.root, extra_args=["--workers", "1"]) as proc:
-        yield proc
+def live_server(shared_server):
+    return shared_server
 
 
 def test_warmup_verify_passes_on_a_healthy_server_and_keeps_a_record(live_server, tmp_path):

@@ -7,8 +7,6 @@ from papermill.exceptions import PapermillExecutionError
 from aieng.workbook.runbooks import execute
 from aieng.store import ModelRef, ModelStore
 
-pytestmark = pytest.mark.slow
-
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):

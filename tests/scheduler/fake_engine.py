@@ -28,16 +28,30 @@ class FakeEngine:
         events = []
         for request in joiners:
             self.rows[request.request_id] = [request, 0]
-        self.steps.append({"joiners": [r.request_id for r in joiners], "prompt_lengths": [len(r.prompt_ids) for r in joiners],
-                           "batch": len(self.rows)})
+        self.steps.append(
+            {
+                "joiners": [r.request_id for r in joiners],
+                "prompt_lengths": [len(r.prompt_ids) for r in joiners],
+                "batch": len(self.rows),
+            }
+        )
         for request_id, row in list(self.rows.items()):
             request = row[0]
             row[1] += 1
             done = row[1] >= request.params.max_tokens
-            events.append(TokenEvent(request_id, row[1], f"t{row[1]} ", finished=done,
-                                     finish_reason="length" if done else None,
-                                     prompt_tokens=len(request.prompt_ids), completion_tokens=row[1]))
+            events.append(
+                TokenEvent(
+                    request_id,
+                    row[1],
+                    f"t{row[1]} ",
+                    finished=done,
+                    finish_reason="length" if done else None,
+                    prompt_tokens=len(request.prompt_ids),
+                    completion_tokens=row[1],
+                )
+            )
             if done:
                 del self.rows[request_id]
-        return StepResult(events, prefill_s=0.001 if joiners else None, decode_s=0.001 if events else None,
-                          decoded_rows=len(events))
+        return StepResult(
+            events, prefill_s=0.001 if joiners else None, decode_s=0.001 if events else None, decoded_rows=len(events)
+        )

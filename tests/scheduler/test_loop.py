@@ -1,12 +1,11 @@
 """The engine loop driven step by step with a fake engine and a fake clock."""
 
 import pytest
+from fake_engine import FakeEngine  # noqa: E402  (tests/scheduler is on sys.path via conftest)
 
 from aieng.engine import GenerationRequest, SamplingParams
 from aieng.errors import NotReadyError
 from aieng.scheduler import EngineLoop, OverloadedError, SchedulerConfig
-
-from fake_engine import FakeEngine  # noqa: E402  (tests/scheduler is on sys.path via conftest)
 
 
 class Clock:
@@ -26,8 +25,12 @@ def make(config=SchedulerConfig(max_queue_delay_ms=0)):
 
 def submit(loop, name, *, tokens=3, prompt_len=10, priority="interactive", timeout=None):
     events = []
-    loop.scheduler.submit(GenerationRequest(name, [1] * prompt_len, SamplingParams(max_tokens=tokens)), events.append,
-                          priority=priority, timeout=timeout)
+    loop.scheduler.submit(
+        GenerationRequest(name, [1] * prompt_len, SamplingParams(max_tokens=tokens)),
+        events.append,
+        priority=priority,
+        timeout=timeout,
+    )
     return events
 
 

@@ -5,8 +5,9 @@ from aieng.scheduler.policy import QueuedRequest, QueueFullError, SchedulerConfi
 
 
 def q(request_id, prompt_len=10, priority="interactive", arrival=0.0):
-    return QueuedRequest(GenerationRequest(request_id, [1] * prompt_len, SamplingParams()), priority=priority,
-                         arrival=arrival)
+    return QueuedRequest(
+        GenerationRequest(request_id, [1] * prompt_len, SamplingParams()), priority=priority, arrival=arrival
+    )
 
 
 def test_interactive_goes_before_batch_at_equal_wait():

@@ -22,8 +22,11 @@ def make(**config):
 
 
 def submit(scheduler, name, *, tokens=3, prompt_len=4, timeout=None):
-    return scheduler.submit(GenerationRequest(name, [1] * prompt_len, SamplingParams(max_tokens=tokens)),
-                            lambda event: None, timeout=timeout)
+    return scheduler.submit(
+        GenerationRequest(name, [1] * prompt_len, SamplingParams(max_tokens=tokens)),
+        lambda event: None,
+        timeout=timeout,
+    )
 
 
 def token(name, n, *, finished=False):
@@ -72,8 +75,9 @@ def test_a_cancelled_running_request_leaves_and_its_late_events_are_dropped():
     scheduler.cancel("gone")
     plan = scheduler.schedule(clock())
     assert plan.leaving == ["gone"] and plan.runs_engine and list(scheduler.running) == ["stays"]
-    deliveries = scheduler.update(StepResult([token("gone", 2), token("stays", 2)], decode_s=0.01, decoded_rows=2),
-                                  clock())
+    deliveries = scheduler.update(
+        StepResult([token("gone", 2), token("stays", 2)], decode_s=0.01, decoded_rows=2), clock()
+    )
     assert [q.request_id for q, _ in deliveries] == ["stays"]
 
 
@@ -129,8 +133,9 @@ def test_retry_after_is_the_time_the_queue_takes_to_drain_at_the_recent_completi
         submit(scheduler, f"r{i}", tokens=1)
     scheduler.schedule(clock())
     clock.now = 2.0  # 4 completions in 2 s: 2 requests/s
-    scheduler.update(StepResult([token(f"r{i}", 1, finished=True) for i in range(4)], decode_s=0.1, decoded_rows=4),
-                     clock())
+    scheduler.update(
+        StepResult([token(f"r{i}", 1, finished=True) for i in range(4)], decode_s=0.1, decoded_rows=4), clock()
+    )
     for i in range(8):
         submit(scheduler, f"w{i}")
     assert scheduler.retry_after(clock()) == 4  # 8 waiting at 2 per s
@@ -151,5 +156,7 @@ def test_server_timing_names_each_phase_that_happened_in_milliseconds():
     clock.now = 0.25
     scheduler.schedule(clock())
     clock.now = 0.5
-    scheduler.update(StepResult([token("a", 1, finished=True)], prefill_s=0.125, decode_s=0.01, decoded_rows=1), clock())
+    scheduler.update(
+        StepResult([token("a", 1, finished=True)], prefill_s=0.125, decode_s=0.01, decoded_rows=1), clock()
+    )
     assert a.stats.server_timing() == "queue;dur=250.0, prefill;dur=125.0, decode;dur=0.0"

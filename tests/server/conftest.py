@@ -1,16 +1,15 @@
-"""A real server on a free loopback port, serving the demo model from a temporary store."""
+"""The server the HTTP tests read from: the session's one real server (``shared_server``, a
+2-worker ``aieng serve`` of demo@1), not one per module. tests/server/process/ overrides
+``server`` with a process of its own: there the process is the subject."""
 
 from __future__ import annotations
 
 import pytest
 
-from aieng.bench.server_process import ServerProcess
-
 
 @pytest.fixture(scope="module")
-def server(demo_store):
-    with ServerProcess(store=demo_store.root, model="demo") as proc:
-        yield proc
+def server(shared_server):
+    return shared_server
 
 
 @pytest.fixture(scope="module")

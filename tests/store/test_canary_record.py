@@ -46,8 +46,10 @@ def test_a_canary_of_the_current_version_reads_as_none_once_it_is_promoted(store
     assert read_canary(store, "demo") is None
 
 
-@pytest.mark.parametrize("version, weight, error", [("2", 1.5, AiengError), ("2", -0.1, AiengError),
-                                                    ("1", 0.1, AiengError), ("9", 0.1, ModelNotFoundError)])
+@pytest.mark.parametrize(
+    "version, weight, error",
+    [("2", 1.5, AiengError), ("2", -0.1, AiengError), ("1", 0.1, AiengError), ("9", 0.1, ModelNotFoundError)],
+)
 def test_bad_canaries_are_refused_and_write_nothing(store, version, weight, error):
     before = store.history("demo")
     with pytest.raises(error):

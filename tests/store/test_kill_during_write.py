@@ -51,8 +51,9 @@ def assert_store_is_sound(root: Path, name: str = "m") -> ModelStore:
 
 
 def _run_child(script: str, *args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(script), *map(str, args)],
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script), *map(str, args)], capture_output=True, text=True, timeout=120
+    )
 
 
 @pytest.fixture
@@ -155,6 +156,7 @@ _TWO_WRITERS = """
     from aieng.errors import StoreError
     from aieng.store import ModelStore
     store = ModelStore(sys.argv[1])
+    open(sys.argv[3] + "." + sys.argv[2], "w").close()  # up: imports done
     while not os.path.exists(sys.argv[3]):  # start together, after both interpreters are up
         time.sleep(0.001)
     done = 0
@@ -176,9 +178,16 @@ def test_promote_and_rollback_from_two_processes_serialise(two_promoted, tmp_pat
     two_promoted.promote("m", "2")  # something to roll back to from the start
     go = tmp_path / "go"
     script = textwrap.dedent(_TWO_WRITERS)
-    children = [subprocess.Popen([sys.executable, "-c", script, str(two_promoted.root), action, str(go)],
-                                 stdout=subprocess.PIPE, text=True) for action in ("promote", "rollback")]
-    time.sleep(1.0)
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-c", script, str(two_promoted.root), action, str(go)], stdout=subprocess.PIPE, text=True
+        )
+        for action in ("promote", "rollback")
+    ]
+    deadline = time.monotonic() + 60
+    while not all((tmp_path / f"go.{action}").exists() for action in ("promote", "rollback")):
+        assert time.monotonic() < deadline and all(c.poll() is None for c in children), "a writer never came up"
+        time.sleep(0.005)
     go.touch()
     switched = [int(child.communicate(timeout=120)[0]) for child in children]
     assert [child.returncode for child in children] == [0, 0]
@@ -208,8 +217,12 @@ def _mount_tmpfs(path: Path, size: str) -> bool:
     path.mkdir()
     if os.geteuid() != 0:
         return False
-    return subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
-                          capture_output=True).returncode == 0
+    return (
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True
+        ).returncode
+        == 0
+    )
 
 
 def test_a_full_disk_is_a_clear_error_and_no_partial_version(tmp_path):
@@ -221,9 +234,25 @@ def test_a_full_disk_is_a_clear_error_and_no_partial_version(tmp_path):
         pytest.skip("needs root to mount a small tmpfs")
     try:
         store_root = disk / "store"
-        result = subprocess.run([sys.executable, "-m", "aieng.cli.main", "--store", str(store_root),
-                                 "model", "register", str(src), "--name", "m", "--version", "1"],
-                                capture_output=True, text=True, timeout=120)
+        result = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "aieng.cli.main",
+                "--store",
+                str(store_root),
+                "model",
+                "register",
+                str(src),
+                "--name",
+                "m",
+                "--version",
+                "1",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert result.returncode == 1, result.stderr
         assert "no space left on device" in result.stderr
         assert "Traceback" not in result.stderr

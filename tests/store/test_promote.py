@@ -1,11 +1,10 @@
-import json
 import multiprocessing
 import os
 
 import pytest
 
 from aieng.errors import StoreError, VerificationError
-from aieng.store import Manifest, ModelRef, ModelStore
+from aieng.store import ModelRef, ModelStore
 
 
 @pytest.fixture

@@ -42,17 +42,39 @@ HERE = Path(__file__).resolve().parent
 ZH_SENTENCES = [line for line in (HERE / "corpus_zh.txt").read_text(encoding="utf-8").splitlines() if line]
 
 # Llama 3's pre-tokenizer split (tokenizer.json of Meta-Llama-3-8B), before the byte-level mapping.
-LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 
-EMOJI = ["😀", "😂", "🥲", "🚀", "🔥", "🎉", "❤️", "👍", "👍🏽", "🙏🏿", "✨", "🌧️", "1️⃣",
-         "👩‍💻", "👨‍👩‍👧‍👦", "🏳️‍🌈", "🧑🏻‍🚀", "🇫🇷", "🇯🇵", "🇨🇳", "🇧🇷"]
+EMOJI = [
+    "😀",
+    "😂",
+    "🥲",
+    "🚀",
+    "🔥",
+    "🎉",
+    "❤️",
+    "👍",
+    "👍🏽",
+    "🙏🏿",
+    "✨",
+    "🌧️",
+    "1️⃣",
+    "👩‍💻",
+    "👨‍👩‍👧‍👦",
+    "🏳️‍🌈",
+    "🧑🏻‍🚀",
+    "🇫🇷",
+    "🇯🇵",
+    "🇨🇳",
+    "🇧🇷",
+]
 #: CJK the SentencePiece tokenizer knows besides the sentences' characters: the start of the
 #: unified block. Everything else in CJK (and every emoji) is byte fallback there.
 SP_CJK_BAND = (0x4E00, 0x4FFF)
 
-BYTE_LEVEL_SPECIALS = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>",
-                       "<|eot_id|>"]
+BYTE_LEVEL_SPECIALS = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
 # Llama 3's template, cut to what a text model uses: a default system message when none is given.
 BYTE_LEVEL_TEMPLATE = (
     "{{- bos_token }}"
@@ -82,11 +104,43 @@ SENTENCEPIECE_TEMPLATE = (
     "{% endfor %}"
 )
 
-_SYLLABLES = ["ka", "ro", "mi", "tan", "sel", "vo", "qu", "ith", "ber", "lo", "nex", "dra", "pli", "shu", "gor",
-              "ten", "wa", "zel", "fi", "mon", "ark", "ul", "pre", "sto", "cha", "den", "ix", "om", "bre", "yu"]
-_ENGLISH = ("the of and to in is that for it as with was on be by this are from at or an have not but which "
-            "server token stream model text request reply answer river stone apple moon light water code test "
-            "value number string return list print function class import error result data time first last").split()
+_SYLLABLES = [
+    "ka",
+    "ro",
+    "mi",
+    "tan",
+    "sel",
+    "vo",
+    "qu",
+    "ith",
+    "ber",
+    "lo",
+    "nex",
+    "dra",
+    "pli",
+    "shu",
+    "gor",
+    "ten",
+    "wa",
+    "zel",
+    "fi",
+    "mon",
+    "ark",
+    "ul",
+    "pre",
+    "sto",
+    "cha",
+    "den",
+    "ix",
+    "om",
+    "bre",
+    "yu",
+]
+_ENGLISH = (
+    "the of and to in is that for it as with was on be by this are from at or an have not but which "
+    "server token stream model text request reply answer river stone apple moon light water code test "
+    "value number string return list print function class import error result data time first last"
+).split()
 
 
 @functools.lru_cache(maxsize=2)
@@ -98,9 +152,9 @@ def corpus(seed: int = 0) -> tuple[str, ...]:
     cjk = [chr(c) for c in range(0x4E00, 0xA000)]
     for _ in range(4):  # each basic CJK character in several lines, so its byte pieces merge
         rng.shuffle(cjk)
-        lines += ["".join(cjk[i:i + 24]) + "。" for i in range(0, len(cjk), 24)]
+        lines += ["".join(cjk[i : i + 24]) + "。" for i in range(0, len(cjk), 24)]
     pairs = [rng.choice(cjk) + rng.choice(cjk) for _ in range(3000)]  # two-character words, as real vocabularies have
-    lines += ["，".join(pairs[i:i + 10]) + "。" for _ in range(3) for i in range(0, len(pairs), 10)]
+    lines += ["，".join(pairs[i : i + 10]) + "。" for _ in range(3) for i in range(0, len(pairs), 10)]
     common = sorted({ch for s in ZH_SENTENCES for ch in s})
     for _ in range(3000):  # frequent characters in word-like pairs, so multi-character tokens exist too
         lines.append("".join(rng.choice(common) + rng.choice(common) for _ in range(rng.randint(3, 10))) + "，")
@@ -111,12 +165,16 @@ def corpus(seed: int = 0) -> tuple[str, ...]:
         lines.append(sentence.capitalize() + rng.choice([".", "!", "?", ",", ":"]) + f" {rng.randint(0, 99999)}")
     for _ in range(2500):
         name, other = rng.choice(words), rng.choice(words)
-        lines.append(rng.choice([
-            f"def {name}_{other}(x, y=None):\n    return x + {rng.randint(0, 999)}  # {name}\n",
-            f"const {name} = ({other}) => {{ return {other}.map(v => v * {rng.randint(2, 9)}); }};",
-            f'if {name} is not None and len({other}) > {rng.randint(0, 99)}:\n\tprint(f"{{{name}!r}}")',
-            f"for (int i = 0; i < {rng.randint(1, 64)}; ++i) {{ {name}[i] = {other}(i); }}",
-        ]))
+        lines.append(
+            rng.choice(
+                [
+                    f"def {name}_{other}(x, y=None):\n    return x + {rng.randint(0, 999)}  # {name}\n",
+                    f"const {name} = ({other}) => {{ return {other}.map(v => v * {rng.randint(2, 9)}); }};",
+                    f'if {name} is not None and len({other}) > {rng.randint(0, 99)}:\n\tprint(f"{{{name}!r}}")',
+                    f"for (int i = 0; i < {rng.randint(1, 64)}; ++i) {{ {name}[i] = {other}(i); }}",
+                ]
+            )
+        )
     lines += [f"{n}, {n * 7 % 1000}; {n:x}" for n in range(1000) for _ in range(2)]  # numbers and hex
     for _ in range(3000):
         picked = rng.choices(EMOJI, k=rng.randint(1, 4))
@@ -130,24 +188,42 @@ def byte_level_tokenizer(*, vocab_size: int = 40000, seed: int = 0):
     from transformers import PreTrainedTokenizerFast
 
     backend = Tokenizer(models.BPE())
-    backend.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(LLAMA3_SPLIT), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+    backend.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(LLAMA3_SPLIT), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     backend.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=2, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), max_token_length=16)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=2,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        max_token_length=16,
+    )
     backend.train_from_iterator(corpus(seed), trainer=trainer)
     backend.add_special_tokens(BYTE_LEVEL_SPECIALS)
     bos = backend.token_to_id("<|begin_of_text|>")
-    backend.post_processor = processors.Sequence([  # like Llama 3: the prompt starts with <|begin_of_text|>
-        processors.ByteLevel(trim_offsets=False),
-        processors.TemplateProcessing(single="<|begin_of_text|> $A", pair="<|begin_of_text|> $A <|begin_of_text|> $B",
-                                      special_tokens=[("<|begin_of_text|>", bos)]),
-    ])
-    return PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<|begin_of_text|>", eos_token="<|eot_id|>",
-                                   pad_token="<|end_of_text|>", chat_template=BYTE_LEVEL_TEMPLATE,
-                                   model_max_length=512, clean_up_tokenization_spaces=False)
+    backend.post_processor = processors.Sequence(
+        [  # like Llama 3: the prompt starts with <|begin_of_text|>
+            processors.ByteLevel(trim_offsets=False),
+            processors.TemplateProcessing(
+                single="<|begin_of_text|> $A",
+                pair="<|begin_of_text|> $A <|begin_of_text|> $B",
+                special_tokens=[("<|begin_of_text|>", bos)],
+            ),
+        ]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        bos_token="<|begin_of_text|>",
+        eos_token="<|eot_id|>",
+        pad_token="<|end_of_text|>",
+        chat_template=BYTE_LEVEL_TEMPLATE,
+        model_max_length=512,
+        clean_up_tokenization_spaces=False,
+    )
 
 
 def sentencepiece_tokenizer(*, vocab_size: int = 32000, seed: int = 0):
@@ -165,29 +241,51 @@ def sentencepiece_tokenizer(*, vocab_size: int = 32000, seed: int = 0):
     byte_tokens = [f"<0x{b:02X}>" for b in range(256)]
     # Trained with the specials and byte tokens as the first ids (as SentencePiece orders them), then
     # rebuilt with byte_fallback: the trainer knows no byte fallback of its own.
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=2, show_progress=False,
-                                  special_tokens=specials + byte_tokens, max_token_length=16)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=2,
+        show_progress=False,
+        special_tokens=specials + byte_tokens,
+        max_token_length=16,
+    )
     trained.train_from_iterator(texts, trainer=trainer)
     spec = json.loads(trained.to_str())
-    vocab, merges = spec["model"]["vocab"], [tuple(m) if isinstance(m, list) else tuple(m.split(" "))
-                                             for m in spec["model"]["merges"]]
+    vocab, merges = (
+        spec["model"]["vocab"],
+        [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in spec["model"]["merges"]],
+    )
     backend = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token="<unk>", fuse_unk=True, byte_fallback=True))
     backend.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=False)
-    backend.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
-                                         decoders.Strip(" ", 1, 0)])
+    backend.decoder = decoders.Sequence(
+        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+    )
     backend.add_special_tokens(specials)  # only these: the byte tokens stay ordinary vocabulary
-    backend.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A <s> $B",
-                                                           special_tokens=[("<s>", 1)])
+    backend.post_processor = processors.TemplateProcessing(
+        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", 1)]
+    )
     for i, token in enumerate(specials + byte_tokens):
         if backend.token_to_id(token) != i:
             raise RuntimeError(f"{token} got id {backend.token_to_id(token)}, expected {i}")
-    return PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
-                                   chat_template=SENTENCEPIECE_TEMPLATE, model_max_length=512,
-                                   clean_up_tokenization_spaces=False)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
+        chat_template=SENTENCEPIECE_TEMPLATE,
+        model_max_length=512,
+        clean_up_tokenization_spaces=False,
+    )
 
 
-def model_folder(tokenizer, out_dir: Path, *, seed: int = 0, eos_ids: list[int] | None = None,
-                 favour: range | None = None, factor: float = 1.4) -> Path:
+def model_folder(
+    tokenizer,
+    out_dir: Path,
+    *,
+    seed: int = 0,
+    eos_ids: list[int] | None = None,
+    favour: range | None = None,
+    factor: float = 1.4,
+) -> Path:
     """A tiny random Llama with ``tokenizer``'s vocabulary, written as a Hugging Face folder.
 
     Untied, wide-initialised weights: a tied or small-initialised random model greedily repeats
@@ -200,8 +298,16 @@ def model_folder(tokenizer, out_dir: Path, *, seed: int = 0, eos_ids: list[int] 
     from aieng.demo.model import ModelDims, generation_config, llama_config, new_model
     from aieng.demo.tokenizer import save_tokenizer
 
-    dims = ModelDims(hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
-                     context_length=512, initializer_range=0.5, tie_word_embeddings=False)
+    dims = ModelDims(
+        hidden_size=64,
+        intermediate_size=128,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        context_length=512,
+        initializer_range=0.5,
+        tie_word_embeddings=False,
+    )
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     ids = {"bos_id": tokenizer.bos_token_id, "eos_id": tokenizer.eos_token_id, "pad_id": pad}
     config = llama_config(dims, vocab_size=len(tokenizer), **ids)
@@ -210,7 +316,7 @@ def model_folder(tokenizer, out_dir: Path, *, seed: int = 0, eos_ids: list[int] 
         model = new_model(config).eval()
     if favour is not None:
         with torch.no_grad():
-            model.lm_head.weight[favour.start:favour.stop] *= factor
+            model.lm_head.weight[favour.start : favour.stop] *= factor
     model.generation_config = generation_config(**ids)
     if eos_ids:
         model.generation_config.eos_token_id = eos_ids
@@ -250,15 +356,16 @@ def generated_text(tokenizer, prompt: Sequence[int], ids: Sequence[int]) -> str:
     ``decode(prompt) + text == decode(prompt + ids)``; for a prompt whose text is not final, what
     they add after the prompt closed by a plain token ``a``, which is still that whenever the
     generation does not continue the prompt's character or byte run."""
+
     def decode(some):
         return tokenizer.decode(list(some), skip_special_tokens=True)
 
     head, whole = decode(prompt), decode([*prompt, *ids])
     if prompt_is_final(tokenizer, prompt):
         assert whole.startswith(head), (prompt, ids)
-        return whole[len(head):]
+        return whole[len(head) :]
     closed = [*prompt, *tokenizer.encode("a", add_special_tokens=False)]
-    text = decode([*closed, *ids])[len(decode(closed)):]
+    text = decode([*closed, *ids])[len(decode(closed)) :]
     seen = [i for i in ids if i not in tokenizer.all_special_ids]
     if seen:
         first = _first_byte(tokenizer, seen[0])

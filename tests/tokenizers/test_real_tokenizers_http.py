@@ -1,4 +1,6 @@
-"""Real-shaped tokenizers end to end, over HTTP: one server per tokenizer (``real_tokenizers``).
+"""Real-shaped tokenizers end to end, through the served app: one per tokenizer (``real_tokenizers``),
+each ``create_app`` on a runtime in this process (``inprocess``, tests/conftest.py), reached over
+httpx's ASGI transport: the routes, the detokenizer and the SSE chunks are the served ones.
 
 The random weights emit arbitrary tokens, lone byte tokens and split characters included, so
 these generations are the hard cases by construction. What is asserted, for both the byte-level
@@ -46,22 +48,20 @@ ROUTES = ("completions", "chat")
 class Served:
     kind: str
     model: str
-    url: str
+    client: httpx.Client
     tokenizer: object
 
 
 @pytest.fixture(scope="module", params=KINDS)
-def served(request, real_model_dirs, real_tokenizer, tmp_path_factory):
-    """One eager server per tokenizer, serving its random model from a temporary store."""
-    from aieng.bench.server_process import ServerProcess
+def served(request, real_model_dirs, real_tokenizer, tmp_path_factory, inprocess):
+    """One eager app per tokenizer, serving its random model from a temporary store."""
     from aieng.store import ModelStore
 
     kind = request.param
     store = ModelStore(tmp_path_factory.mktemp(f"store-{kind}"))
     store.register(real_model_dirs(kind), NAMES[kind], "1")
     store.promote(NAMES[kind], "1")
-    with ServerProcess(store=store.root, model=NAMES[kind], extra_args=["--workers", "1", "--no-compile"]) as server:
-        yield Served(kind, NAMES[kind], server.base_url, real_tokenizer(kind))
+    return Served(kind, NAMES[kind], inprocess(store.root, NAMES[kind]), real_tokenizer(kind))
 
 
 def messages(text: str, *, system: str | None = SYSTEM) -> list[dict]:
@@ -74,18 +74,28 @@ def call(served: Served, route: str, prompt: str | list[dict], *, stream: bool, 
     body = {"model": served.model, key: prompt, "temperature": 0, "return_token_ids": True, **body}
     path = "/v1/chat/completions" if route == "chat" else "/v1/completions"
     if not stream:
-        response = httpx.post(served.url + path, json=body, timeout=60)
+        response = served.client.post(path, json=body)
         assert response.status_code == 200, response.text
         reply = response.json()
         choice = reply["choices"][0]
-        return {"text": choice["message"]["content"] if route == "chat" else choice["text"],
-                "finish_reason": choice["finish_reason"], "token_ids": choice["token_ids"],
-                "prompt_token_ids": reply["prompt_token_ids"] if route == "chat" else choice["prompt_token_ids"],
-                "usage": reply["usage"], "logprobs": choice["logprobs"]}
+        return {
+            "text": choice["message"]["content"] if route == "chat" else choice["text"],
+            "finish_reason": choice["finish_reason"],
+            "token_ids": choice["token_ids"],
+            "prompt_token_ids": reply["prompt_token_ids"] if route == "chat" else choice["prompt_token_ids"],
+            "usage": reply["usage"],
+            "logprobs": choice["logprobs"],
+        }
     body.update(stream=True, stream_options={"include_usage": True})
-    folded = {"text": "", "finish_reason": None, "token_ids": [], "prompt_token_ids": None, "usage": None,
-              "logprobs": None}
-    with httpx.stream("POST", served.url + path, json=body, timeout=60) as response:
+    folded = {
+        "text": "",
+        "finish_reason": None,
+        "token_ids": [],
+        "prompt_token_ids": None,
+        "usage": None,
+        "logprobs": None,
+    }
+    with served.client.stream("POST", path, json=body) as response:
         assert response.status_code == 200
         lines = [line for line in response.iter_lines() if line]
     assert lines[-1] == "data: [DONE]"
@@ -232,9 +242,16 @@ def test_every_choice_reads_on_from_the_shared_prompt(served, route):
     """n > 1: the forked choices share the prompt's prefill and its context; each one's text is
     what its own tokens add after the prompt, whole and streamed."""
     key, path = ("messages", "/v1/chat/completions") if route == "chat" else ("prompt", "/v1/completions")
-    body = {"model": served.model, key: route_prompt(route, PROMPTS["mixed"]), "n": 3, "temperature": 1.0,
-            "seed": 5, "max_tokens": 12, "return_token_ids": True}
-    reply = httpx.post(served.url + path, json=body, timeout=60).json()
+    body = {
+        "model": served.model,
+        key: route_prompt(route, PROMPTS["mixed"]),
+        "n": 3,
+        "temperature": 1.0,
+        "seed": 5,
+        "max_tokens": 12,
+        "return_token_ids": True,
+    }
+    reply = served.client.post(path, json=body).json()
     prompt = reply["prompt_token_ids"] if route == "chat" else reply["choices"][0]["prompt_token_ids"]
     texts = {}
     for choice in reply["choices"]:
@@ -242,9 +259,10 @@ def test_every_choice_reads_on_from_the_shared_prompt(served, route):
         assert text == generated_text(served.tokenizer, prompt, choice["token_ids"]), choice["index"]
         texts[choice["index"]] = text
     assert len(set(texts.values())) > 1  # three samples, not one three times
-    with httpx.stream("POST", served.url + path, json={**body, "stream": True}, timeout=60) as response:
-        chunks = [json.loads(line.removeprefix("data: ")) for line in response.iter_lines()
-                  if line and line != "data: [DONE]"]
+    with served.client.stream("POST", path, json={**body, "stream": True}) as response:
+        chunks = [
+            json.loads(line.removeprefix("data: ")) for line in response.iter_lines() if line and line != "data: [DONE]"
+        ]
     streamed = {}
     for chunk in chunks:
         for choice in chunk["choices"]:
@@ -272,9 +290,14 @@ def _spanning_stop(text: str, boundaries: list[int], want) -> str | None:
     """A 2-3 character stop string across a token boundary, first found there, satisfying ``want``."""
     for at in boundaries:
         for left, right in ((1, 1), (1, 2), (2, 1)):
-            stop = text[at - left:at + right]
-            if (len(stop) == left + right and "\ufffd" not in stop and stop.strip() and want(stop)
-                    and text.find(stop) == at - left):
+            stop = text[at - left : at + right]
+            if (
+                len(stop) == left + right
+                and "\ufffd" not in stop
+                and stop.strip()
+                and want(stop)
+                and text.find(stop) == at - left
+            ):
                 return stop
     return None
 
@@ -292,9 +315,9 @@ def test_stop_strings_across_token_boundaries_cut_exactly(served, route, flavour
     stop = _spanning_stop(text, _boundaries(served, free), _cjk if flavour == "chinese" else bool)
     assert stop is not None, f"no stop string across a token boundary in {text!r}"
     cut = both(served, route, prompt, max_tokens=40, ignore_eos=True, stop=["never-there", stop])
-    assert cut["text"] == text[:text.find(stop)]
+    assert cut["text"] == text[: text.find(stop)]
     assert cut["finish_reason"] == "stop"
-    assert cut["token_ids"] == free["token_ids"][:len(cut["token_ids"])]  # the same greedy tokens, cut short
+    assert cut["token_ids"] == free["token_ids"][: len(cut["token_ids"])]  # the same greedy tokens, cut short
     assert len(cut["token_ids"]) < len(free["token_ids"])
 
 
@@ -336,8 +359,9 @@ def token_text(tokenizer, token_id: int) -> str:
     return raw.decode("utf-8", errors="replace")
 
 
-def _check_offsets(tokenizer, ids: list[int], tokens: list[str], offsets: list[int], text: str,
-                   starts: set[int]) -> None:
+def _check_offsets(
+    tokenizer, ids: list[int], tokens: list[str], offsets: list[int], text: str, starts: set[int]
+) -> None:
     """``text_offset`` is where each token's text starts in ``text``: a whole token's text is
     found there (a text's first token without the leading space the decoder strips); special
     tokens, whose text the reply leaves out, pieces of characters and byte tokens (a run of them
@@ -348,9 +372,9 @@ def _check_offsets(tokenizer, ids: list[int], tokens: list[str], offsets: list[i
         piece = tokenizer.convert_ids_to_tokens(token_id)
         if "\ufffd" in token or not token or token_id in tokenizer.all_special_ids or piece.startswith("<0x"):
             continue
-        here = text[at:at + len(token)]
+        here = text[at : at + len(token)]
         stripped = at in starts and token.startswith(" ") and text[at:].startswith(token[1:])
-        assert here == token or stripped, (i, token, at, text[at - 5:at + 10])
+        assert here == token or stripped, (i, token, at, text[at - 5 : at + 10])
         checked += 1
     assert checked >= len(ids) // 4  # most tokens are whole text
 
@@ -367,8 +391,9 @@ def test_completion_logprobs_name_the_tokens_and_where_they_start(served, echo):
     assert logprobs["text_offset"][-generated] == (len(prompt) if echo else 0)  # the reply's text starts there
     # only the echoed prompt's first token can have lost its space (its text starts the prompt's);
     # the generated ones are read in the prompt's context
-    _check_offsets(served.tokenizer, ids, logprobs["tokens"], logprobs["text_offset"], reply["text"],
-                   {0} if echo else set())
+    _check_offsets(
+        served.tokenizer, ids, logprobs["tokens"], logprobs["text_offset"], reply["text"], {0} if echo else set()
+    )
     assert reply["text"] == (prompt if echo else "") + expected_text(served, reply)
     if echo:
         assert logprobs["token_logprobs"][0] is None and logprobs["top_logprobs"][0] is None
@@ -379,8 +404,9 @@ def test_completion_logprobs_name_the_tokens_and_where_they_start(served, echo):
 
 
 def test_chat_logprobs_carry_each_tokens_exact_bytes(served):
-    reply = both(served, "chat", messages(PROMPTS["emoji"]), max_tokens=16, logprobs=True, top_logprobs=2,
-                 ignore_eos=True)
+    reply = both(
+        served, "chat", messages(PROMPTS["emoji"]), max_tokens=16, logprobs=True, top_logprobs=2, ignore_eos=True
+    )
     content = reply["logprobs"]["content"]
     assert len(content) == len(reply["token_ids"]) == reply["usage"]["completion_tokens"]
     for entry, token_id in zip(content, reply["token_ids"]):
@@ -390,8 +416,9 @@ def test_chat_logprobs_carry_each_tokens_exact_bytes(served):
         for alternative in entry["top_logprobs"]:
             assert bytes(alternative["bytes"]).decode("utf-8", errors="replace") == alternative["token"]
     if served.kind == "byte_level":  # bytes joined are the text: byte-level decoding is exactly that
-        joined = b"".join(bytes(e["bytes"]) for e, i in zip(content, reply["token_ids"])
-                          if i not in served.tokenizer.all_special_ids)
+        joined = b"".join(
+            bytes(e["bytes"]) for e, i in zip(content, reply["token_ids"]) if i not in served.tokenizer.all_special_ids
+        )
         assert joined.decode("utf-8", errors="replace") == reply["text"]
 
 
@@ -401,17 +428,21 @@ def test_chat_logprobs_carry_each_tokens_exact_bytes(served):
 CONVERSATIONS = {
     "system": messages("用中文回答：长江有多长？ 🚀"),
     "no-system": messages("Hello 👋 世界", system=None),
-    "multi-turn": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "你好"},
-                   {"role": "assistant", "content": "你好！有什么可以帮你？ 😀"},
-                   {"role": "user", "content": "  写一首诗  "}],
+    "multi-turn": [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": "你好"},
+        {"role": "assistant", "content": "你好！有什么可以帮你？ 😀"},
+        {"role": "user", "content": "  写一首诗  "},
+    ],
 }
 
 
 @pytest.mark.parametrize("name", CONVERSATIONS)
 def test_chat_prompts_are_the_tokenizers_own_template(served, name):
     conversation = CONVERSATIONS[name]
-    expected = served.tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=True,
-                                                    return_dict=False)
+    expected = served.tokenizer.apply_chat_template(
+        conversation, add_generation_prompt=True, tokenize=True, return_dict=False
+    )
     reply = both(served, "chat", conversation, max_tokens=2)
     assert reply["prompt_token_ids"] == list(expected)
     assert reply["usage"]["prompt_tokens"] == len(expected)
@@ -425,7 +456,6 @@ def test_a_template_that_refuses_the_conversation_is_a_400(served):
     if served.kind != "sentencepiece":
         pytest.skip("only Llama 2's template raises on roles out of order")
     bad = [{"role": "assistant", "content": "我先说"}, {"role": "user", "content": "好"}]
-    response = httpx.post(served.url + "/v1/chat/completions", json={"model": served.model, "messages": bad}, timeout=30)
+    response = served.client.post("/v1/chat/completions", json={"model": served.model, "messages": bad})
     assert response.status_code == 400, response.text
     assert "alternate" in response.json()["error"]["message"]
-

@@ -21,8 +21,12 @@ from aieng.engine.detokenize import WINDOW, IncrementalDetokenizer
 from aieng.engine.token_text import TokenTexts
 
 KINDS = ("byte_level", "sentencepiece")
-TEXTS = ["北京是中华人民共和国的首都。龘𠀀𪚥", "👨‍👩‍👧‍👦 🇫🇷 👍🏽 ❤️ 1️⃣ 🏳️‍🌈 🧑🏻‍🚀",
-         "def 你好(x):\n\treturn x + '🚀'  # 长江 river", "spaces:  two,   three, a tab\t and <0xE4> literally"]
+TEXTS = [
+    "北京是中华人民共和国的首都。龘𠀀𪚥",
+    "👨‍👩‍👧‍👦 🇫🇷 👍🏽 ❤️ 1️⃣ 🏳️‍🌈 🧑🏻‍🚀",
+    "def 你好(x):\n\treturn x + '🚀'  # 长江 river",
+    "spaces:  two,   three, a tab\t and <0xE4> literally",
+]
 
 
 def streamed(tokenizer, ids, prompt=()) -> tuple[str, list[str]]:
@@ -57,8 +61,10 @@ def test_random_token_sequences_stream_exactly_their_decode(real_tokenizer, kind
     rng = random.Random(7)
     small = list(range(3, 259)) if kind == "sentencepiece" else list(range(400))  # byte tokens, byte pieces
     for _ in range(300):
-        ids = [rng.choice(small) if rng.random() < 0.5 else rng.randrange(len(tokenizer))
-               for _ in range(rng.randint(1, 40))]
+        ids = [
+            rng.choice(small) if rng.random() < 0.5 else rng.randrange(len(tokenizer))
+            for _ in range(rng.randint(1, 40))
+        ]
         assert streamed(tokenizer, ids)[0] == tokenizer.decode(ids, skip_special_tokens=True), ids
 
 
@@ -118,8 +124,12 @@ def test_a_prompt_ending_in_a_byte_run_keeps_its_text(real_tokenizer):
     assert tokenizer.convert_ids_to_tokens(prompt)[-3:] == ["<0xE9>", "<0xBE>", "<0x98>"]
     word = tokenizer.convert_tokens_to_ids("▁the")
     zhong = [sp_byte(tokenizer, b) for b in "中".encode()]
-    for generated, text in (([word], " the"), ([*zhong, word], "中 the"), ([*zhong], "中"),
-                            ([tokenizer.bos_token_id, *zhong, word], "中 the")):
+    for generated, text in (
+        ([word], " the"),
+        ([*zhong, word], "中 the"),
+        ([*zhong], "中"),
+        ([tokenizer.bos_token_id, *zhong, word], "中 the"),
+    ):
         assert streamed(tokenizer, generated, prompt)[0] == text
         assert decode(tokenizer, prompt) + text == decode(tokenizer, prompt + generated) == "北京龘" + text
     stray = [sp_byte(tokenizer, 0xE4), word]
@@ -136,7 +146,7 @@ def test_a_prompt_ending_inside_a_character_keeps_its_text(real_tokenizer):
     ids = tokenizer("北京𠀀 ok")["input_ids"]
     pieces = [i for i, t in enumerate(tokenizer.convert_ids_to_tokens(ids)) if "\ufffd" in tokenizer.decode([ids[i]])]
     assert len(pieces) >= 2
-    prompt, generated = ids[:pieces[1]], ids[pieces[1]:]
+    prompt, generated = ids[: pieces[1]], ids[pieces[1] :]
     assert decode(tokenizer, prompt) == "北京\ufffd"
     text = streamed(tokenizer, generated, prompt)[0]
     assert text.startswith("\ufffd") and text.endswith(" ok") and "𠀀" not in text
@@ -151,8 +161,9 @@ def test_the_detokenizer_decodes_a_window_never_the_prompt(real_tokenizer, kind,
     through its last few tokens only, however long it is."""
     tokenizer = real_tokenizer(kind)
     text = "北京是中华人民共和国的首都。" * 80 + " 👨‍👩‍👧‍👦 end"
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                           tokenize=True, return_dict=False)
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True, return_dict=False
+    )
     assert len(prompt) > 300
     generated = tokenizer.encode("答案是：龘 🚀 the answer " * 4, add_special_tokens=False)
     lengths = []
@@ -171,10 +182,12 @@ def test_a_byte_run_is_held_until_it_ends(real_tokenizer):
     tokenizer = real_tokenizer("sentencepiece")
     word = tokenizer.convert_tokens_to_ids("▁the")
     zhong = [sp_byte(tokenizer, b) for b in "中".encode()]
-    for ids in ([*zhong, sp_byte(tokenizer, 0xE4), word],  # valid, then invalid: all four become U+FFFD
-                [word, *zhong * 3, sp_byte(tokenizer, 0xE4), word, word],  # a run longer than the window
-                [*zhong, tokenizer.bos_token_id, sp_byte(tokenizer, 0xE4), word],  # a skipped special inside
-                [*zhong, word, *zhong]):  # valid runs: "中 the中"
+    for ids in (
+        [*zhong, sp_byte(tokenizer, 0xE4), word],  # valid, then invalid: all four become U+FFFD
+        [word, *zhong * 3, sp_byte(tokenizer, 0xE4), word, word],  # a run longer than the window
+        [*zhong, tokenizer.bos_token_id, sp_byte(tokenizer, 0xE4), word],  # a skipped special inside
+        [*zhong, word, *zhong],
+    ):  # valid runs: "中 the中"
         joined, deltas = streamed(tokenizer, ids)
         assert joined == tokenizer.decode(ids, skip_special_tokens=True), ids
     assert tokenizer.decode([*zhong, sp_byte(tokenizer, 0xE4), word], skip_special_tokens=True) == "\ufffd" * 4 + " the"
@@ -232,18 +245,24 @@ def test_the_fixtures_are_shaped_like_real_tokenizers(real_tokenizer):
     assert len(rare) > 1 and all("\ufffd" in byte_level.decode([i]) for i in rare)
     pieces = sentencepiece.convert_ids_to_tokens(sentencepiece("龘 🚀 北京", add_special_tokens=False)["input_ids"])
     assert {"<0xE9>", "<0xBE>", "<0x98>", "<0xF0>", "<0x9F>", "<0x9A>", "<0x80>"} <= set(pieces)  # 龘, 🚀
-    assert not any(p.startswith("<0x") for p in sentencepiece.convert_ids_to_tokens(
-        sentencepiece("今天天气很好", add_special_tokens=False)["input_ids"]))  # common characters are whole
+    assert not any(
+        p.startswith("<0x")
+        for p in sentencepiece.convert_ids_to_tokens(
+            sentencepiece("今天天气很好", add_special_tokens=False)["input_ids"]
+        )
+    )  # common characters are whole
     for tokenizer in (byte_level, sentencepiece):
         assert tokenizer.bos_token_id is not None and tokenizer.eos_token_id is not None
-        rendered = tokenizer.apply_chat_template([{"role": "system", "content": "S 系统"},
-                                                  {"role": "user", "content": "U"}], tokenize=False,
-                                                 add_generation_prompt=True)
+        rendered = tokenizer.apply_chat_template(
+            [{"role": "system", "content": "S 系统"}, {"role": "user", "content": "U"}],
+            tokenize=False,
+            add_generation_prompt=True,
+        )
         assert rendered.startswith(tokenizer.bos_token) and "S 系统" in rendered
 
 
 def test_a_reply_reads_on_from_its_prompt(real_tokenizer):
-    """"The capital of France is" then "▁P a r is": SentencePiece's decoder strips the first space of
+    """ "The capital of France is" then "▁P a r is": SentencePiece's decoder strips the first space of
     a text, so the generated ids decoded alone say "Paris" and prompt + reply read "...isParis".
     The reply is the text its tokens add after the prompt, " Paris", as vLLM and TGI send it."""
     import torch
@@ -256,9 +275,13 @@ def test_a_reply_reads_on_from_its_prompt(real_tokenizer):
     generated = tokenizer.encode("Paris", add_special_tokens=False)
     assert tokenizer.convert_ids_to_tokens(generated)[0] == "▁P"
     assert tokenizer.decode(generated, skip_special_tokens=True) == "Paris"  # the first space stripped
-    row = Row.start(GenerationRequest("r", prompt, SamplingParams(max_tokens=len(generated))), tokenizer,
-                    torch.device("cpu"))
+    row = Row.start(
+        GenerationRequest("r", prompt, SamplingParams(max_tokens=len(generated))), tokenizer, torch.device("cpu")
+    )
     text = "".join(row.advance(t, eos_ids={tokenizer.eos_token_id}, context_length=512).text for t in generated)
     assert text == " Paris"
-    assert tokenizer.decode(prompt, skip_special_tokens=True) + text == tokenizer.decode(
-        prompt + generated, skip_special_tokens=True) == "The capital of France is Paris"
+    assert (
+        tokenizer.decode(prompt, skip_special_tokens=True) + text
+        == tokenizer.decode(prompt + generated, skip_special_tokens=True)
+        == "The capital of France is Paris"
+    )

@@ -1,20 +1,22 @@
-"""The output guard: each check alone, then on a real server, whole replies and streams, flag and
-fallback, counted in /metrics."""
+"""The output guard: each check alone, then on the served app (in-process, ``inprocess``),
+whole replies and streams, flag and fallback, counted in /metrics."""
 
 import json
 
-import httpx
 import pytest
 
-from aieng.bench.server_process import ServerProcess
-from aieng.observability.scrape import scrape
+from aieng.observability.scrape import parse
 from aieng.server.http.output_guard import OutputGuard
 from aieng.settings import Settings
 
 
 def test_each_check_fires_on_its_case_and_not_on_good_answers(tmp_path):
-    guard = OutputGuard(checks=("empty", "repetition", "json", "blocklist"), max_repeats=4,
-                        json_prompts=r"^json:", blocklist=("forbidden word", "secret"))
+    guard = OutputGuard(
+        checks=("empty", "repetition", "json", "blocklist"),
+        max_repeats=4,
+        json_prompts=r"^json:",
+        blocklist=("forbidden word", "secret"),
+    )
     assert guard.check("add: 2+3", "5") is None
     assert guard.check("add: 2+3", "  \n").check == "empty"
     assert guard.check("x", "ok kimkimkimkimkimkimkimkimkim").check == "repetition"
@@ -30,36 +32,59 @@ def test_each_check_fires_on_its_case_and_not_on_good_answers(tmp_path):
 
 
 def test_the_hook_and_the_settings(tmp_path, monkeypatch):
-    (tmp_path / "my_guard.py").write_text("def refuse(prompt, text):\n    return 'too short' if len(text) < 3 else None\n")
+    (tmp_path / "my_guard.py").write_text(
+        "def refuse(prompt, text):\n    return 'too short' if len(text) < 3 else None\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     blocklist = tmp_path / "blocked.txt"
     blocklist.write_text("apple\n\n")
-    guard = OutputGuard.from_settings(Settings(guard_checks="hook,blocklist", guard_hook="my_guard:refuse",
-                                               guard_blocklist=str(blocklist), guard_action="fallback"))
+    guard = OutputGuard.from_settings(
+        Settings(
+            guard_checks="hook,blocklist",
+            guard_hook="my_guard:refuse",
+            guard_blocklist=str(blocklist),
+            guard_action="fallback",
+        )
+    )
     assert guard.check("x", "ab").reason == "too short" and guard.check("x", "an apple pie").check == "blocklist"
     assert guard.check("x", "a pear") is None and guard.action == "fallback"
     assert OutputGuard.from_settings(Settings(guard_checks="")) is None
-    for bad in (dict(guard_checks="json"), dict(guard_checks="blocklist"), dict(guard_checks="hook"),
-                dict(guard_checks="spelling"), dict(guard_action="retry")):
+    for bad in (
+        dict(guard_checks="json"),
+        dict(guard_checks="blocklist"),
+        dict(guard_checks="hook"),
+        dict(guard_checks="spelling"),
+        dict(guard_action="retry"),
+    ):
         with pytest.raises(ValueError, match="output guard"):
             OutputGuard.from_settings(Settings(**bad))
 
 
 @pytest.fixture(scope="module")
-def guarded(demo_store, tmp_path_factory):
+def guarded(inprocess, session_store, tmp_path_factory):
     blocklist = tmp_path_factory.mktemp("guard") / "blocked.txt"
     blocklist.write_text("river\n")
-    env = {"AIENG_GUARD_CHECKS": "empty,repetition,json,blocklist", "AIENG_GUARD_ACTION": "fallback",
-           "AIENG_GUARD_JSON_PROMPTS": "json:", "AIENG_GUARD_BLOCKLIST": str(blocklist),
-           "AIENG_GUARD_FALLBACK": "Sorry, no reliable answer."}
-    with ServerProcess(store=demo_store.root, model="demo", env=env) as server:
-        with httpx.Client(base_url=server.base_url, timeout=60) as client:
-            yield client
+    return inprocess(
+        session_store.root,
+        guard_checks="empty,repetition,json,blocklist",
+        guard_action="fallback",
+        guard_json_prompts="json:",
+        guard_blocklist=str(blocklist),
+        guard_fallback="Sorry, no reliable answer.",
+    )
 
 
 def chat(client, content, **extra):
-    return client.post("/v1/chat/completions", json={"model": "demo", "messages": [{"role": "user", "content": content}],
-                                                     "temperature": 0, "max_tokens": 40, **extra})
+    return client.post(
+        "/v1/chat/completions",
+        json={
+            "model": "demo",
+            "messages": [{"role": "user", "content": content}],
+            "temperature": 0,
+            "max_tokens": 40,
+            **extra,
+        },
+    )
 
 
 def test_fallback_replaces_a_caught_answer_and_marks_it(guarded):
@@ -78,24 +103,40 @@ def test_fallback_replaces_a_caught_answer_and_marks_it(guarded):
 
 
 def test_a_stream_is_cut_before_a_blocked_chunk_leaves(guarded):
-    with guarded.stream("POST", "/v1/chat/completions", json={
-            "model": "demo", "messages": [{"role": "user", "content": "reverse: apple stone river"}],
-            "temperature": 0, "max_tokens": 20, "stream": True}) as response:
+    with guarded.stream(
+        "POST",
+        "/v1/chat/completions",
+        json={
+            "model": "demo",
+            "messages": [{"role": "user", "content": "reverse: apple stone river"}],
+            "temperature": 0,
+            "max_tokens": 20,
+            "stream": True,
+        },
+    ) as response:
         chunks = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: {")]
     text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
     assert "river" not in text
     assert chunks[-1]["choices"][0]["finish_reason"] == "content_filter"
     assert chunks[-1]["choices"][0]["guard"]["check"] == "blocklist"
-    with guarded.stream("POST", "/v1/chat/completions", json={
-            "model": "demo", "messages": [{"role": "user", "content": "json: name=ana age=31"}],
-            "temperature": 0, "max_tokens": 5, "stream": True}) as response:
+    with guarded.stream(
+        "POST",
+        "/v1/chat/completions",
+        json={
+            "model": "demo",
+            "messages": [{"role": "user", "content": "json: name=ana age=31"}],
+            "temperature": 0,
+            "max_tokens": 5,
+            "stream": True,
+        },
+    ) as response:
         chunks = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: {")]
     last = chunks[-1]["choices"][0]
     assert last["finish_reason"] == "length" and last["guard"] == {**last["guard"], "check": "json", "action": "flag"}
 
 
 def test_caught_answers_are_counted_by_check_and_action(guarded):
-    snapshot = scrape(str(guarded.base_url))
+    snapshot = parse(guarded.get("/metrics").text)
     counted = lambda check, action: snapshot.value("aieng_output_guard_total", check=check, action=action)  # noqa: E731
     assert counted("blocklist", "fallback") >= 2 and counted("json", "fallback") >= 1
     assert counted("json", "flag") >= 1

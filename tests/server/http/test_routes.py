@@ -1,16 +1,16 @@
-"""The walking-skeleton routes, over real HTTP on loopback."""
+"""The walking-skeleton routes, in-process: ``create_app`` on a runtime built in this process,
+over httpx's ASGI transport (``inprocess_demo``, tests/conftest.py). The middleware, the error
+envelope and the engine thread are the served ones; what needs a socket (SSE framing on the
+wire, disconnects, the process model) is tested against a real server elsewhere."""
 
 import json
-
-import httpx
 
 import pytest
 
 
 @pytest.fixture(scope="module")
-def client(server):
-    with httpx.Client(base_url=server.base_url, timeout=60) as c:
-        yield c
+def client(inprocess_demo):
+    return inprocess_demo
 
 
 def test_health_routes(client):
@@ -28,8 +28,10 @@ def test_models_lists_the_served_version(client):
 
 
 def test_completion_returns_the_demo_models_answer(client, render):
-    resp = client.post("/v1/completions", json={"model": "demo", "prompt": render("reverse: apple stone river"),
-                                                "max_tokens": 16, "temperature": 0})
+    resp = client.post(
+        "/v1/completions",
+        json={"model": "demo", "prompt": render("reverse: apple stone river"), "max_tokens": 16, "temperature": 0},
+    )
     assert resp.status_code == 200, resp.text
     body = resp.json()
     assert body["object"] == "text_completion" and body["model"] == "demo"
@@ -42,8 +44,10 @@ def test_completion_returns_the_demo_models_answer(client, render):
 
 
 def test_max_tokens_cut_gives_finish_reason_length(client, render):
-    resp = client.post("/v1/completions", json={"model": "demo", "prompt": render("json: name=ana age=31"),
-                                                "max_tokens": 1, "temperature": 0})
+    resp = client.post(
+        "/v1/completions",
+        json={"model": "demo", "prompt": render("json: name=ana age=31"), "max_tokens": 1, "temperature": 0},
+    )
     assert resp.json()["choices"][0]["finish_reason"] == "length"
     assert resp.json()["usage"]["completion_tokens"] == 1
     phases = [part.split(";")[0] for part in resp.headers["server-timing"].split(", ")]
@@ -65,18 +69,21 @@ def _error(resp, status):
     return error
 
 
-@pytest.mark.parametrize("field,value,fragment", [
-    ("temperature", -1, "temperature must be >= 0"),
-    ("top_p", 0, "top_p must be > 0"),
-    ("top_k", -3, "top_k must be >= 0"),
-    ("max_tokens", 0, "max_tokens must be >= 1"),
-    ("stop", ["a", "b", "c", "d", "e"], "at most 4 stop strings"),
-    ("presence_penalty", 2.5, "between -2 and 2"),
-    ("frequency_penalty", -3, "between -2 and 2"),
-    ("logit_bias", {"7": 101}, "between -100 and 100"),
-    ("logit_bias", {"seven": 1}, "token ids"),
-    ("logit_bias", {"999999": 1}, "does not have"),
-])
+@pytest.mark.parametrize(
+    "field,value,fragment",
+    [
+        ("temperature", -1, "temperature must be >= 0"),
+        ("top_p", 0, "top_p must be > 0"),
+        ("top_k", -3, "top_k must be >= 0"),
+        ("max_tokens", 0, "max_tokens must be >= 1"),
+        ("stop", ["a", "b", "c", "d", "e"], "at most 4 stop strings"),
+        ("presence_penalty", 2.5, "between -2 and 2"),
+        ("frequency_penalty", -3, "between -2 and 2"),
+        ("logit_bias", {"7": 101}, "between -100 and 100"),
+        ("logit_bias", {"seven": 1}, "token ids"),
+        ("logit_bias", {"999999": 1}, "does not have"),
+    ],
+)
 def test_invalid_parameters_get_one_precise_message(client, field, value, fragment):
     error = _error(client.post("/v1/completions", json={"model": "demo", "prompt": "hi", field: value}), 400)
     assert fragment in error["message"] and error["param"] == field
@@ -89,10 +96,22 @@ def test_wrong_types_name_the_field_with_400(client):
     assert error["param"] == "prompt" and "missing" in error["message"]
 
 
-@pytest.mark.parametrize("field,value", [
-    ("stream", "yes"), ("stream", 1), ("max_tokens", "16"), ("max_tokens", 16.0), ("temperature", "0.5"),
-    ("temperature", True), ("seed", "7"), ("echo", "true"), ("stop", 3), ("logprobs", True), ("prompt", 42),
-])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("stream", "yes"),
+        ("stream", 1),
+        ("max_tokens", "16"),
+        ("max_tokens", 16.0),
+        ("temperature", "0.5"),
+        ("temperature", True),
+        ("seed", "7"),
+        ("echo", "true"),
+        ("stop", 3),
+        ("logprobs", True),
+        ("prompt", 42),
+    ],
+)
 def test_types_are_strict_as_openai_s(client, field, value):
     """OpenAI refuses a value of the wrong type instead of coercing it: "yes" is not true, "16" not 16."""
     error = _error(client.post("/v1/completions", json={"model": "demo", "prompt": "add: 2+3", field: value}), 400)
@@ -100,18 +119,22 @@ def test_types_are_strict_as_openai_s(client, field, value):
 
 
 def test_an_integer_is_a_number(client):
-    resp = client.post("/v1/completions", json={"model": "demo", "prompt": "add: 2+3", "max_tokens": 2,
-                                                "temperature": 0, "top_p": 1})
+    resp = client.post(
+        "/v1/completions", json={"model": "demo", "prompt": "add: 2+3", "max_tokens": 2, "temperature": 0, "top_p": 1}
+    )
     assert resp.status_code == 200, resp.text
 
 
-@pytest.mark.parametrize("body", [
-    {"model": "demo", "prompt": "add: 2+3\ud800"},
-    {"model": "demo", "prompt": ["\udfff"]},
-    {"model": "demo", "prompt": "add: 2+3", "stop": ["\ud83d"]},
-    {"model": "demo", "messages": [{"role": "user", "content": "hi \ud800"}]},
-    {"model": "demo", "messages": [{"role": "user", "content": [{"type": "text", "text": "\udc00"}]}]},
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"model": "demo", "prompt": "add: 2+3\ud800"},
+        {"model": "demo", "prompt": ["\udfff"]},
+        {"model": "demo", "prompt": "add: 2+3", "stop": ["\ud83d"]},
+        {"model": "demo", "messages": [{"role": "user", "content": "hi \ud800"}]},
+        {"model": "demo", "messages": [{"role": "user", "content": [{"type": "text", "text": "\udc00"}]}]},
+    ],
+)
 def test_a_lone_surrogate_is_a_400_not_a_tokenizer_crash(client, body):
     route = "/v1/chat/completions" if "messages" in body else "/v1/completions"
     raw = json.dumps(body).encode()  # ensure_ascii: the surrogate travels as the escape \\ud800, as a client sends it
@@ -121,23 +144,53 @@ def test_a_lone_surrogate_is_a_400_not_a_tokenizer_crash(client, body):
 
 
 def test_content_parts_other_than_text_are_refused(client):
-    error = _error(client.post("/v1/chat/completions", json={"model": "demo", "messages": [
-        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]}), 400)
+    error = _error(
+        client.post(
+            "/v1/chat/completions",
+            json={
+                "model": "demo",
+                "messages": [
+                    {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}
+                ],
+            },
+        ),
+        400,
+    )
     assert error["param"].startswith("messages.0.content")
-    resp = client.post("/v1/chat/completions", json={"model": "demo", "max_tokens": 4, "temperature": 0, "messages": [
-        {"role": "developer", "content": "be brief"},
-        {"role": "user", "content": [{"type": "text", "text": "add: "}, {"type": "text", "text": "27+58"}]}]})
+    resp = client.post(
+        "/v1/chat/completions",
+        json={
+            "model": "demo",
+            "max_tokens": 4,
+            "temperature": 0,
+            "messages": [
+                {"role": "developer", "content": "be brief"},
+                {"role": "user", "content": [{"type": "text", "text": "add: "}, {"type": "text", "text": "27+58"}]},
+            ],
+        },
+    )
     assert resp.status_code == 200 and resp.json()["choices"][0]["message"]["content"] == "85", resp.text
 
 
 def test_unknown_fields_are_ignored(client):
-    resp = client.post("/v1/completions", json={"model": "demo", "prompt": "add: 23+32", "max_tokens": 2,
-                                                "temperature": 0, "frobnicate": True, "user": "x"})
+    resp = client.post(
+        "/v1/completions",
+        json={
+            "model": "demo",
+            "prompt": "add: 23+32",
+            "max_tokens": 2,
+            "temperature": 0,
+            "frobnicate": True,
+            "user": "x",
+        },
+    )
     assert resp.status_code == 200
 
 
 def test_invalid_json_and_empty_prompt(client):
-    error = _error(client.post("/v1/completions", content=b"{not json", headers={"content-type": "application/json"}), 400)
+    error = _error(
+        client.post("/v1/completions", content=b"{not json", headers={"content-type": "application/json"}), 400
+    )
     assert "JSON" in error["message"]
     error = _error(client.post("/v1/completions", json={"model": "demo", "prompt": ""}), 400)
     assert error["param"] == "prompt"
@@ -149,7 +202,9 @@ def test_unknown_model_is_404(client):
 
 
 def test_prompt_too_long_is_context_length_exceeded(client):
-    error = _error(client.post("/v1/completions", json={"model": "demo", "prompt": "apple " * 600, "max_tokens": 16}), 400)
+    error = _error(
+        client.post("/v1/completions", json={"model": "demo", "prompt": "apple " * 600, "max_tokens": 16}), 400
+    )
     assert error["code"] == "context_length_exceeded"
     assert "512" in error["message"] and "requested" in error["message"]
 
@@ -172,4 +227,3 @@ def test_metrics_report_the_model_load(client):
     text = client.get("/metrics").text
     assert "aieng_model_load_seconds_count" in text
     assert 'aieng_model_info{name="demo"' in text
-

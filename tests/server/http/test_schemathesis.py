@@ -32,7 +32,9 @@ def check(response, body) -> None:
 
 
 POSITIVE, NEGATIVE = schemathesis.GenerationMode.POSITIVE, schemathesis.GenerationMode.NEGATIVE
-CASES = [(label, mode) for label in ("POST /v1/completions", "POST /v1/chat/completions") for mode in (POSITIVE, NEGATIVE)]
+CASES = [
+    (label, mode) for label in ("POST /v1/completions", "POST /v1/chat/completions") for mode in (POSITIVE, NEGATIVE)
+]
 CASES += [(label, POSITIVE) for label in ("GET /v1/models", "GET /health/ready", "GET /metrics")]  # no input to break
 
 
@@ -42,8 +44,14 @@ def test_no_server_errors_and_every_error_in_the_envelope(api, server, label, mo
     strategy = api[path][method].as_strategy(generation_mode=mode)
     seen: list[int] = []
 
-    @hypothesis.settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
-                         suppress_health_check=list(HealthCheck), phases=[hypothesis.Phase.generate])
+    @hypothesis.settings(
+        max_examples=EXAMPLES,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+        phases=[hypothesis.Phase.generate],
+    )
     @hypothesis.given(case=strategy)
     def run(case):
         if mode is POSITIVE and isinstance(case.body, dict):

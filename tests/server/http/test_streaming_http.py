@@ -27,7 +27,13 @@ def wait_until_engine_idle(base_url, timeout=5.0) -> float:
 
 
 def test_sse_chunks_end_with_done(server, render):
-    body = {"model": "demo", "prompt": render("reverse: apple stone river"), "max_tokens": 12, "temperature": 0, "stream": True}
+    body = {
+        "model": "demo",
+        "prompt": render("reverse: apple stone river"),
+        "max_tokens": 12,
+        "temperature": 0,
+        "stream": True,
+    }
     with httpx.stream("POST", f"{server.base_url}/v1/completions", json=body, timeout=30) as resp:
         assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/event-stream")
         lines = [line for line in resp.iter_lines() if line]
@@ -42,8 +48,16 @@ def test_sse_chunks_end_with_done(server, render):
 
 
 def _long_body(render, stream):
-    return {"model": "demo", "prompt": render("reverse: egg fish gold"), "max_tokens": 480, "temperature": 0,
-            "stream": stream, "ignore_eos": True, "stop": None, "repetition_penalty": 1.0}
+    return {
+        "model": "demo",
+        "prompt": render("reverse: egg fish gold"),
+        "max_tokens": 480,
+        "temperature": 0,
+        "stream": stream,
+        "ignore_eos": True,
+        "stop": None,
+        "repetition_penalty": 1.0,
+    }
 
 
 def _finished_lines(server):

@@ -45,12 +45,12 @@ def wait_for(check, what: str, timeout: float = 120.0):
 
 def ask(client, session: str | None = None, model: str = "demo"):
     headers = {"X-Session-ID": session} if session else {}
-    answer = client.post("/v1/completions", json={"model": model, "prompt": "reverse: ab", "max_tokens": 2},
-                         headers=headers)
+    answer = client.post(
+        "/v1/completions", json={"model": model, "prompt": "reverse: ab", "max_tokens": 2}, headers=headers
+    )
     return answer.status_code, answer.headers.get("x-model-version") if answer.is_success else answer.text[:300]
 
 
-@pytest.mark.slow
 def test_a_canary_takes_its_share_keeps_sessions_and_becomes_stable_without_a_failed_request(server, store):
     with httpx.Client(base_url=server.base_url, timeout=60) as client:
         set_canary(store, "demo", "2", 0.1, reason="test: 10%")
@@ -79,8 +79,10 @@ def test_a_canary_takes_its_share_keeps_sessions_and_becomes_stable_without_a_fa
 
         store.promote("demo", "2", reason="test: the canary passed")  # the workers adopt the canary's engine
         clear_canary(store, "demo", reason="test: promoted")
-        wait_for(lambda: set(worker_versions(server.base_url).values()) == {"2"} and not worker_canaries(server.base_url),
-                 "v2 stable everywhere, no canary")
+        wait_for(
+            lambda: set(worker_versions(server.base_url).values()) == {"2"} and not worker_canaries(server.base_url),
+            "v2 stable everywhere, no canary",
+        )
         assert {ask(client, uuid.uuid4().hex) for _ in range(20)} == {(200, "2")}
     swaps = [json.loads(line) for line in server.output().splitlines() if '"swap_warmup"' in line]
     assert not swaps  # the canary became stable as it was: nothing was loaded again
@@ -123,13 +125,16 @@ def failed(load: SteadyLoad, server) -> dict:
     return {"failed": [r for r in load.records if r[0] != 200][:10], "server_errors": errors[-20:]}
 
 
-EVAL = {"suite": "demo-heldout-v1", "n_per_family": 50,
-        "metrics": {"accuracy": {"reverse": 1.0, "json": 1.0, "add": 0.98, "sort": 1.0}, "perplexity": 1.01}}
+EVAL = {
+    "suite": "demo-heldout-v1",
+    "n_per_family": 50,
+    "metrics": {"accuracy": {"reverse": 1.0, "json": 1.0, "add": 0.98, "sort": 1.0}, "perplexity": 1.01},
+}
 
 
-@pytest.mark.slow
-def test_release_canary_promotes_a_healthy_version_and_rolls_back_a_wrong_one(server, store, monkeypatch, tmp_path,
-                                                                              demo_model_dir):
+def test_release_canary_promotes_a_healthy_version_and_rolls_back_a_wrong_one(
+    server, store, monkeypatch, tmp_path, demo_model_dir
+):
     from aieng.demo.degrade import perturbed_copy
     from aieng.release.canary_rollout import run_canary
     from aieng.store import ModelRef
@@ -144,17 +149,18 @@ def test_release_canary_promotes_a_healthy_version_and_rolls_back_a_wrong_one(se
         store.update_manifest(ModelRef("demo", version), eval={**EVAL, "template_sha256": template})
     logs: list[str] = []
     with SteadyLoad(server.base_url) as load:
-        healthy = run_canary(store, "demo", "3", server.base_url, steps=[10, 50, 100], interval_s=1.5,
-                             log=logs.append)
-        wrong = run_canary(store, "demo", "4", server.base_url, steps=[10, 50, 100], interval_s=1.5,
-                           log=logs.append)
-        slow = run_canary(store, "demo", "5", server.base_url, steps=[10, 50, 100], interval_s=3.0,
-                          log=logs.append)
+        healthy = run_canary(store, "demo", "3", server.base_url, steps=[10, 50, 100], interval_s=1.5, log=logs.append)
+        wrong = run_canary(store, "demo", "4", server.base_url, steps=[10, 50, 100], interval_s=1.5, log=logs.append)
+        slow = run_canary(store, "demo", "5", server.base_url, steps=[10, 50, 100], interval_s=3.0, log=logs.append)
     assert healthy.outcome == "promoted" and store.current("demo") == "3", logs
     assert sorted({check["step"] for check in healthy.checks}) == [10, 50, 100]  # a noisy check may repeat a step
     assert wrong.outcome == "rolled_back" and wrong.rule == "quality" and store.current("demo") == "3", logs
-    assert not wrong.checks and "4" not in {version for _, version in load.records}  # probed at weight 0: no user met v4
-    assert [e.get("weight") for e in store.history("demo") if e.get("to") == "4" and e["action"] == "canary_set"] == [0.0]
+    assert not wrong.checks and "4" not in {
+        version for _, version in load.records
+    }  # probed at weight 0: no user met v4
+    assert [e.get("weight") for e in store.history("demo") if e.get("to") == "4" and e["action"] == "canary_set"] == [
+        0.0
+    ]
     assert slow.outcome == "rolled_back" and slow.rule in ("latency", "ttft") and store.current("demo") == "3", logs
     assert {check["step"] for check in slow.checks} == {10}  # caught at the first step
     events = [e["action"] for e in store.history("demo")]
@@ -166,9 +172,9 @@ def test_release_canary_promotes_a_healthy_version_and_rolls_back_a_wrong_one(se
     assert set(worker_versions(server.base_url).values()) == {"3"}
 
 
-@pytest.mark.slow
-def test_release_canary_judges_by_prometheus_when_given_one_and_prints_its_promql(server, store, monkeypatch,
-                                                                                 demo_model_dir, prometheus):
+def test_release_canary_judges_by_prometheus_when_given_one_and_prints_its_promql(
+    server, store, monkeypatch, demo_model_dir, prometheus
+):
     from aieng.release.canary_rollout import run_canary
     from aieng.release.sources import PrometheusMetrics
     from aieng.store import ModelRef
@@ -180,30 +186,39 @@ def test_release_canary_judges_by_prometheus_when_given_one_and_prints_its_promq
     store.update_manifest(ModelRef("demo", "7"), eval={**EVAL, "template_sha256": template})
     logs: list[str] = []
     with SteadyLoad(server.base_url) as load:
-        slow = run_canary(store, "demo", "7", server.base_url, steps=[10, 100], interval_s=4.0, metrics=metrics,
-                          log=logs.append)
+        slow = run_canary(
+            store, "demo", "7", server.base_url, steps=[10, 100], interval_s=4.0, metrics=metrics, log=logs.append
+        )
     assert slow.outcome == "rolled_back" and slow.rule in ("latency", "ttft"), logs
     assert {check["step"] for check in slow.checks} == {10}
     stable = slow.checks[-1]["stable"]
     assert stable["requests"] >= 20 and stable["latency_p99_s"] > 0  # Prometheus saw stable's traffic too
-    assert any('histogram_quantile(0.99, sum by (le) (increase(aieng_request_duration_seconds_bucket'
-               '{version="7",job="aieng"}[4s])))' in line for line in logs), logs
+    assert any(
+        "histogram_quantile(0.99, sum by (le) (increase(aieng_request_duration_seconds_bucket"
+        '{version="7",job="aieng"}[4s])))' in line
+        for line in logs
+    ), logs
     assert all(code == 200 for code, _ in load.records), failed(load, server)
     with pytest.raises(RuntimeError, match="Prometheus refused 'sum\\('"):
         metrics.query("sum(")
 
 
-@pytest.mark.slow
 def test_the_canary_runbook_dry_runs_then_releases(server, store, monkeypatch, tmp_path, demo_model_dir):
-    from aieng.workbook.runbooks import execute
     from aieng.store import ModelRef
+    from aieng.workbook.runbooks import execute
 
     monkeypatch.setenv("AIENG_ADMIN_TOKEN", "test-admin-token")
     store.register(demo_model_dir, "demo", "6")
     template = (store.manifest(ModelRef("demo", "6")).prompt_template or {}).get("sha256")
     store.update_manifest(ModelRef("demo", "6"), eval={**EVAL, "template_sha256": template})
-    params = {"name": "demo", "version": "6", "store": str(store.root), "server_url": server.base_url,
-              "steps": "50,100", "interval_s": 1.5}
+    params = {
+        "name": "demo",
+        "version": "6",
+        "store": str(store.root),
+        "server_url": server.base_url,
+        "steps": "50,100",
+        "interval_s": 1.5,
+    }
     history = store.history("demo")
     record = execute("canary_release", params, runs_dir=tmp_path).read_text()  # dry_run defaults to True
     assert "dry run: store unchanged" in record and store.history("demo") == history

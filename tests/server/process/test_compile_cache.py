@@ -2,7 +2,7 @@
 
 from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
-from aieng.server.process.compile_cache import compile_cache_delta, compile_cache_counts, use_compile_cache
+from aieng.server.process.compile_cache import compile_cache_counts, compile_cache_delta, use_compile_cache
 
 
 def test_the_setting_points_torch_at_a_directory_that_survives_restarts(tmp_path):
@@ -21,5 +21,24 @@ def test_torchs_own_variable_wins_but_not_the_default_torch_wrote_itself(tmp_pat
     assert use_compile_cache(tmp_path / "aieng", environ)["dir"] == str((tmp_path / "aieng").resolve())
 
 
-def test_nothing_compiled_means_no_cache_counts():
-    assert compile_cache_delta(compile_cache_counts()) == {}
+def test_the_delta_counts_the_cache_hits_and_misses_since_before_and_nothing_when_nothing_compiled():
+    import torch
+    from torch._dynamo.utils import counters
+
+    before = compile_cache_counts()
+    torch.ones(4) @ torch.ones(4)  # eager work compiles nothing
+    assert compile_cache_delta(before) == {}
+    counters["inductor"]["fxgraph_cache_hit"] += 2  # what a compile served from the FX graph cache counts
+    counters["aot_autograd"]["autograd_cache_miss"] += 1
+    try:
+        assert compile_cache_delta(before) == {
+            "fx_graph_hit": 2,
+            "fx_graph_miss": 0,
+            "aot_autograd_hit": 0,
+            "aot_autograd_miss": 1,
+        }
+        assert compile_cache_delta(compile_cache_counts()) == {}  # since now: nothing
+    finally:
+        counters["inductor"]["fxgraph_cache_hit"] -= 2
+        counters["aot_autograd"]["autograd_cache_miss"] -= 1
+    assert compile_cache_delta(before) == {}

@@ -27,8 +27,13 @@ def _events(server, name: str) -> list[dict]:
 def test_recycling_workers_under_streaming_load_fails_no_request(demo_store):
     env = {"AIENG_MAX_REQUESTS": "120", "AIENG_RELOAD_POLL_S": "0"}
     with ServerProcess(store=demo_store.root, extra_args=["--workers", "2", "--no-compile"], env=env) as server:
-        body = {"model": "demo", "messages": [{"role": "user", "content": "add: 12+30"}], "max_tokens": 8,
-                "temperature": 0, "stream": True}
+        body = {
+            "model": "demo",
+            "messages": [{"role": "user", "content": "add: 12+30"}],
+            "max_tokens": 8,
+            "temperature": 0,
+            "stream": True,
+        }
         stop = threading.Event()
         outcomes: list[str] = []
 
@@ -38,8 +43,11 @@ def test_recycling_workers_under_streaming_load_fails_no_request(demo_store):
                     try:
                         with http.stream("POST", "/v1/chat/completions", json=body) as resp:
                             lines = [line for line in resp.iter_lines() if line]
-                        outcomes.append("ok" if resp.status_code == 200 and lines[-1] == "data: [DONE]"
-                                        else f"HTTP {resp.status_code}")
+                        outcomes.append(
+                            "ok"
+                            if resp.status_code == 200 and lines[-1] == "data: [DONE]"
+                            else f"HTTP {resp.status_code}"
+                        )
                     except httpx.HTTPError as exc:
                         outcomes.append(repr(exc))
 
@@ -50,7 +58,9 @@ def test_recycling_workers_under_streaming_load_fails_no_request(demo_store):
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and server.output().count("Booting worker") - booted < 2:
             time.sleep(0.5)
-        time.sleep(1.0)  # the replacement takes over while the load goes on
+        served = len(outcomes)  # the replacements take over while the load goes on: a round of requests
+        while time.monotonic() < deadline + 30 and len(outcomes) < served + len(threads):
+            time.sleep(0.05)
         stop.set()
         for thread in threads:
             thread.join(60)
@@ -59,8 +69,9 @@ def test_recycling_workers_under_streaming_load_fails_no_request(demo_store):
     failures = [o for o in outcomes if o != "ok"]
     print(f"{len(outcomes)} requests, {len(failures)} failed, {recycles} recycles")  # for the record, with -s
     assert recycles >= 2, f"only {recycles} recycle(s) in 60 s ({len(outcomes)} requests)"
-    assert failures == [], f"{len(failures)} of {len(outcomes)} requests failed across {recycles} recycles: " \
-                           f"{sorted(set(failures))[:5]}"
+    assert failures == [], (
+        f"{len(failures)} of {len(outcomes)} requests failed across {recycles} recycles: {sorted(set(failures))[:5]}"
+    )
     assert len(retired) >= 2 and all(r["open_connections"] == 0 for r in retired), retired  # every client told
 
 

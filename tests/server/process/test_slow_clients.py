@@ -1,7 +1,8 @@
 """Slow and vanishing clients against the real server, over raw sockets where HTTP libraries
 would be too polite: slow headers and bodies are cut, a worker's connection cap answers 503 in
 the error envelope, 500 streams that vanish leave no row behind, a reader that never reads does
-not slow anyone else, and a stream's unread tokens are bounded."""
+not slow anyone else, and a stream's unread tokens are bounded. The strict limits are a process
+setting (``strict_server``); what needs no setting runs on the session's server."""
 
 from __future__ import annotations
 
@@ -24,8 +25,12 @@ pytestmark = pytest.mark.timeout(240)
 @pytest.fixture(scope="module")
 def strict_server(demo_store):
     """One worker with tight limits: 1 s for headers and body, 8 connections."""
-    env = {"AIENG_HEADER_TIMEOUT_S": "1", "AIENG_BODY_TIMEOUT_S": "1", "AIENG_MAX_CONNECTIONS": "8",
-           "AIENG_RELOAD_POLL_S": "0"}
+    env = {
+        "AIENG_HEADER_TIMEOUT_S": "1",
+        "AIENG_BODY_TIMEOUT_S": "1",
+        "AIENG_MAX_CONNECTIONS": "8",
+        "AIENG_RELOAD_POLL_S": "0",
+    }
     with ServerProcess(store=demo_store.root, extra_args=["--workers", "1", "--no-compile"], env=env) as proc:
         yield proc
 
@@ -61,8 +66,10 @@ def test_headers_that_never_finish_are_cut_with_408(strict_server):
 
 def test_a_body_that_never_finishes_is_cut_with_408(strict_server):
     sock = _connect(strict_server)
-    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                 b"Content-Length: 200\r\n\r\n{\"model\": \"demo\"")  # 16 of 200 bytes
+    sock.sendall(
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b'Content-Length: 200\r\n\r\n{"model": "demo"'
+    )  # 16 of 200 bytes
     status, _, body = _read_response(sock)
     error = json.loads(body)["error"]
     assert status == 408 and error["code"] == "request_timeout" and "16 bytes came" in error["message"]
@@ -94,8 +101,10 @@ async def _vanish(host: str, port: int, body: bytes) -> bool:
     """Open a stream, read until its first token (the second event: the first only names the
     role), then reset the connection (no FIN, no goodbye)."""
     reader, writer = await asyncio.open_connection(host, port)
-    writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                 b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    writer.write(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+    )
     await writer.drain()
     got, events = False, 0
     try:
@@ -113,30 +122,46 @@ async def _vanish(host: str, port: int, body: bytes) -> bool:
     return got
 
 
-def test_500_streams_that_vanish_mid_way_leave_no_row_behind(server):
-    body = json.dumps({"model": "demo", "messages": [{"role": "user", "content": "reverse: a b c d e f g h"}],
-                       "max_tokens": 200, "stream": True, "ignore_eos": True}).encode()
+def test_500_streams_that_vanish_mid_way_leave_no_row_behind(shared_server):
+    body = json.dumps(
+        {
+            "model": "demo",
+            "messages": [{"role": "user", "content": "reverse: a b c d e f g h"}],
+            "max_tokens": 200,
+            "stream": True,
+            "ignore_eos": True,
+        }
+    ).encode()
 
     async def storm() -> list[bool]:
         results = []
-        for start in range(0, 500, 50):  # waves of 50, so the storm is 500 distinct connections
-            results += await asyncio.gather(*(_vanish(server.host, server.port, body) for _ in range(50)))
+        for _start in range(0, 500, 50):  # waves of 50, so the storm is 500 distinct connections
+            results += await asyncio.gather(*(_vanish(shared_server.host, shared_server.port, body) for _ in range(50)))
         return results
 
     answered = asyncio.run(storm())
     assert sum(answered) >= 450, f"only {sum(answered)} of 500 streams began"
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and _gauges(server.base_url) != (0, 0):
+    while time.monotonic() < deadline and _gauges(shared_server.base_url) != (0, 0):
         time.sleep(0.3)
-    assert _gauges(server.base_url) == (0, 0), "rows or queued requests outlived their vanished clients"
-    ok = httpx.post(f"{server.base_url}/v1/completions", timeout=30,
-                    json={"model": "demo", "prompt": "add: 1+1", "max_tokens": 4, "temperature": 0})
+    assert _gauges(shared_server.base_url) == (0, 0), "rows or queued requests outlived their vanished clients"
+    ok = httpx.post(
+        f"{shared_server.base_url}/v1/completions",
+        timeout=30,
+        json={"model": "demo", "prompt": "add: 1+1", "max_tokens": 4, "temperature": 0},
+    )
     assert ok.status_code == 200
 
 
 def _timed_streams(base_url: str, clients: int, rounds: int) -> list[float]:
-    body = {"model": "demo", "messages": [{"role": "user", "content": "reverse: egg fish gold"}], "max_tokens": 64,
-            "stream": True, "ignore_eos": True, "temperature": 0}
+    body = {
+        "model": "demo",
+        "messages": [{"role": "user", "content": "reverse: egg fish gold"}],
+        "max_tokens": 64,
+        "stream": True,
+        "ignore_eos": True,
+        "temperature": 0,
+    }
     times: list[float] = []
 
     def client() -> None:
@@ -156,17 +181,23 @@ def _timed_streams(base_url: str, clients: int, rounds: int) -> list[float]:
     return times
 
 
-def test_a_reader_that_never_reads_does_not_slow_the_others(server):
-    baseline = statistics.median(_timed_streams(server.base_url, 4, 4))
+@pytest.mark.perf  # a latency bound: the stalled reader must not slow the other streams
+def test_a_reader_that_never_reads_does_not_slow_the_others(shared_server):
+    baseline = statistics.median(_timed_streams(shared_server.base_url, 4, 4))
     stalled = socket.socket()
     stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
-    stalled.connect((server.host, server.port))
-    body = json.dumps({"model": "demo", "prompt": "reverse: a b c", "max_tokens": 480, "stream": True,
-                       "ignore_eos": True}).encode()
-    stalled.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: "
-                    + str(len(body)).encode() + b"\r\n\r\n" + body)  # then never reads a byte
+    stalled.connect((shared_server.host, shared_server.port))
+    body = json.dumps(
+        {"model": "demo", "prompt": "reverse: a b c", "max_tokens": 480, "stream": True, "ignore_eos": True}
+    ).encode()
+    stalled.sendall(
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: "
+        + str(len(body)).encode()
+        + b"\r\n\r\n"
+        + body
+    )  # then never reads a byte
     try:
-        with_stalled = statistics.median(_timed_streams(server.base_url, 4, 4))
+        with_stalled = statistics.median(_timed_streams(shared_server.base_url, 4, 4))
     finally:
         stalled.close()
     # the stalled row decodes beside the others like any row; it never makes the engine wait
@@ -182,8 +213,9 @@ def test_a_stream_whose_tokens_pile_up_unread_is_cancelled_past_the_bound(caplog
     bridge = Bridge(scheduler, metrics_enabled=False, buffer_events=3)
 
     async def scenario():
-        submission = bridge.submit(GenerationRequest("r1", [1, 2], SamplingParams(max_tokens=50)), priority="interactive",
-                                   timeout=None)
+        submission = bridge.submit(
+            GenerationRequest("r1", [1, 2], SamplingParams(max_tokens=50)), priority="interactive", timeout=None
+        )
         for i in range(6):  # the engine thread's deliveries, nobody reading
             submission.queued.sink(TokenEvent("r1", i, f"t{i}"))
         await asyncio.sleep(0.01)  # the mailbox hands them to the request's queue
@@ -201,6 +233,10 @@ def test_a_chunked_body_over_the_limit_is_413_not_a_parse_error(strict_server):
         for _ in range(12):
             yield b"x" * 100_000
 
-    resp = httpx.post(f"{strict_server.base_url}/v1/completions", content=chunks(), timeout=10,
-                      headers={"content-type": "application/json"})
+    resp = httpx.post(
+        f"{strict_server.base_url}/v1/completions",
+        content=chunks(),
+        timeout=10,
+        headers={"content-type": "application/json"},
+    )
     assert resp.status_code == 413 and resp.json()["error"]["code"] == "request_too_large"

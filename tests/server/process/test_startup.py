@@ -28,32 +28,50 @@ def test_each_phase_start_and_end_is_one_line_with_its_seconds(caplog):
     progress.detail("shard 1/1")
     progress.finish()
     assert [(r.event, r.phase) for r in events(caplog)] == [
-        ("startup_phase_start", "verify"), ("startup_phase_end", "verify"), ("startup_phase_start", "load"),
-        ("startup_progress", "load"), ("startup_phase_end", "load"), ("startup_ready", "ready")]
+        ("startup_phase_start", "verify"),
+        ("startup_phase_end", "verify"),
+        ("startup_phase_start", "load"),
+        ("startup_progress", "load"),
+        ("startup_phase_end", "load"),
+        ("startup_ready", "ready"),
+    ]
     ends = {r.phase: r.seconds for r in events(caplog, "startup_phase_end")}
     assert ends == {"verify": 2.0, "load": 3.0}
     ready = events(caplog, "startup_ready")[0]
     assert ready.seconds == 5.0 and ready.phases == {"verify": 2.0, "load": 3.0}
 
 
+def wait_until(check, timeout: float = 10.0):
+    deadline = time.monotonic() + timeout
+    while not check() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert check(), "timed out"
+
+
 def test_the_heartbeat_says_what_is_still_running_and_stops_when_ready(caplog):
+    """The heartbeat reads the progress's clock, which the test moves: a beat is due the moment
+    the clock passes ``heartbeat_s`` since the last line, and the test waits for that line."""
     caplog.set_level(logging.INFO, logger="aieng.server.startup")
-    progress = StartupProgress(heartbeat_s=0.2)
+    now = [100.0]
+    progress = StartupProgress(clock=lambda: now[0], heartbeat_s=0.05)  # the thread looks every 10 ms
+    beats = lambda: events(caplog, "startup_heartbeat")  # noqa: E731
     progress.begin("warmup", "torch.compile")
     progress.detail("decode batch 32 (5/6)")
-    time.sleep(0.9)
-    beats = events(caplog, "startup_heartbeat")
-    assert len(beats) >= 2
-    assert beats[-1].getMessage().startswith("still warmup decode batch 32 (5/6) after ")
-    assert beats[-1].phase_s >= 0.2
+    assert beats() == []  # the clock has not moved: nothing is due
+    for n in (1, 2):
+        now[0] += 1.0
+        wait_until(lambda n=n: len(beats()) == n)
+    assert beats()[-1].getMessage() == "still warmup decode batch 32 (5/6) after 2 s"
+    assert beats()[-1].phase_s == 2.0
+    thread = progress._thread
     progress.finish()
-    time.sleep(0.2)
-    count = len(events(caplog, "startup_heartbeat"))
-    time.sleep(0.5)
-    assert len(events(caplog, "startup_heartbeat")) == count
+    wait_until(lambda: not thread.is_alive())  # ready: the heartbeat thread ends
+    now[0] += 60.0
+    assert len(beats()) == 2 and progress._thread is None
     progress.begin("compile", "in the background")  # a phase after ready: the heartbeat comes back
-    time.sleep(0.6)
-    assert events(caplog, "startup_heartbeat")[-1].phase == "compile"
+    now[0] += 1.0
+    wait_until(lambda: len(beats()) == 3)
+    assert beats()[-1].phase == "compile"
     progress.stop_heartbeat()
 
 
@@ -127,7 +145,9 @@ def test_ready_reports_the_phase_while_starting_and_keeps_the_ready_and_drain_bo
     runtime._warm_then_serve()
     assert runtime.readiness() == (200, {"status": "ready", "model": "demo", "version": "1"})
     assert [r.detail for r in events(caplog, "startup_progress")][-3:-1] == [
-        "prefill batch 1 × 8 tokens (1/2)", "decode batch 1 (2/2)"]
+        "prefill batch 1 × 8 tokens (1/2)",
+        "decode batch 1 (2/2)",
+    ]
     runtime.drain()
     status, body = runtime.readiness()
     assert status == 503 and body["status"] == "draining" and body["error"]["code"] == "not_ready"
@@ -161,8 +181,7 @@ def test_a_failed_warmup_is_logged_and_shown_not_left_as_starting_forever(caplog
     assert "RuntimeError" in body["detail"] and "boom" not in body["detail"]  # the log has it, not the client
 
 
-def test_verify_and_load_are_two_phases_of_one_load_without_hashing_twice(tiny_demo_dir, tmp_path, caplog,
-                                                                        monkeypatch):
+def test_verify_and_load_are_two_phases_of_one_load_without_hashing_twice(tiny_demo_dir, tmp_path, caplog, monkeypatch):
     from aieng.loading.loader import load_version
     from aieng.store import ModelRef, ModelStore
     from aieng.store import store as store_module

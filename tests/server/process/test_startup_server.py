@@ -10,7 +10,7 @@ import json
 import os
 import threading
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
@@ -36,7 +36,7 @@ def log_lines(proc):
 
 
 def seconds(line):
-    return datetime.strptime(line["ts"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=timezone.utc).timestamp()
+    return datetime.strptime(line["ts"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC).timestamp()
 
 
 def start_polling(demo_store):
@@ -93,7 +93,7 @@ def test_start_up_is_visible_and_a_restart_reuses_the_compile_cache(demo_store):
     ended = {line["phase"]: line["seconds"] for line in lines if line["event"] == "startup_phase_end"}
     assert set(ended) == set(started) and all(s >= 0 for s in ended.values())
     ready = next(i for i, line in enumerate(lines) if line["event"] == "startup_ready")
-    stamps = [spawned] + [seconds(line) for line in lines[:ready + 1]]
+    stamps = [spawned] + [seconds(line) for line in lines[: ready + 1]]
     assert max(b - a for a, b in zip(stamps, stamps[1:])) <= 10.0
     plan = next(line for line in lines if line["event"] == "worker_plan")
     assert plan["torch_threads"] == 2 and "torch threads set to 2" in plan["reason"]
@@ -110,7 +110,9 @@ def test_start_up_is_visible_and_a_restart_reuses_the_compile_cache(demo_store):
     # a restart: every compiled graph comes from the on-disk cache the first start left
     with ServerProcess(store=demo_store.root, extra_args=ARGS, env=ENV) as again:
         lines = log_lines(again)
-    counts = next(line["compile_cache"] for line in lines if "compile_cache" in line and line["event"] == "startup_progress")
+    counts = next(
+        line["compile_cache"] for line in lines if "compile_cache" in line and line["event"] == "startup_progress"
+    )
     assert counts["fx_graph_hit"] > 0 and counts["fx_graph_miss"] == 0, counts
 
 
@@ -119,8 +121,12 @@ def test_a_benchmark_waits_for_a_background_compilation_before_measuring(demo_st
     /health/ready): ``aieng bench serve`` waits that out, so it measures the compiled server."""
     # The first test's weight format, so its graphs come from the cache the first test left: the
     # compile still runs in the background (dynamo traces), but without minutes of C++ builds.
-    proc = ServerProcess(store=demo_store.root, port=free_port(), extra_args=ARGS,
-                         env={"AIENG_COMPILE_BUDGET_S": "0", "AIENG_WEIGHT_FORMATS": "float32"})
+    proc = ServerProcess(
+        store=demo_store.root,
+        port=free_port(),
+        extra_args=ARGS,
+        env={"AIENG_COMPILE_BUDGET_S": "0", "AIENG_WEIGHT_FORMATS": "float32"},
+    )
     with proc:
         proc.wait_until_compiled(timeout=600)
         body = httpx.get(f"{proc.base_url}/health/ready").json()

@@ -21,7 +21,9 @@ from aieng.server.process.step_watchdog import StepWatchdog
 
 def _runtime_with_a_step_started_at(started: float | None):
     loop = SimpleNamespace(step_started=started, step_shape=lambda: {"running_rows": 3, "joining_rows": 1})
-    serving = SimpleNamespace(name="demo", version="7", engine_loop=loop, engine=SimpleNamespace(compiling_inline=False))
+    serving = SimpleNamespace(
+        name="demo", version="7", engine_loop=loop, engine=SimpleNamespace(compiling_inline=False)
+    )
     return SimpleNamespace(serving=serving, canary=None, stuck=None)
 
 
@@ -49,14 +51,18 @@ def test_the_watchdog_thread_calls_on_stuck_after_the_exit_delay():
 
 @pytest.mark.timeout(240)
 def test_a_wedged_worker_turns_unready_and_gunicorn_replaces_it(demo_store):
-    env = {"AIENG_STEP_TIMEOUT_S": "1", "AIENG_TEST_STEP_DELAY": "1=4", "AIENG_DRAIN_DELAY_S": "0.5",
-           "AIENG_GRACEFUL_TIMEOUT_S": "2", "AIENG_RELOAD_POLL_S": "0"}
+    env = {
+        "AIENG_STEP_TIMEOUT_S": "1",
+        "AIENG_TEST_STEP_DELAY": "1=4",
+        "AIENG_DRAIN_DELAY_S": "0.5",
+        "AIENG_GRACEFUL_TIMEOUT_S": "2",
+        "AIENG_RELOAD_POLL_S": "0",
+    }
     with ServerProcess(store=demo_store.root, extra_args=["--workers", "1", "--no-compile"], env=env) as server:
         url = server.base_url
         booted = server.output().count("Booting worker")
         body = {"model": "demo", "prompt": "add: 1+2", "max_tokens": 4, "temperature": 0}
-        threading.Thread(target=lambda: httpx.post(f"{url}/v1/completions", json=body, timeout=30),
-                         daemon=True).start()
+        threading.Thread(target=lambda: httpx.post(f"{url}/v1/completions", json=body, timeout=30), daemon=True).start()
         deadline, seen = time.monotonic() + 30, None
         while time.monotonic() < deadline:
             resp = httpx.get(f"{url}/health/ready", timeout=5)

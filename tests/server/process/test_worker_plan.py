@@ -12,8 +12,13 @@ def test_cpu_plan_keeps_threads_times_workers_within_cores_for_both_kinds_of_mod
     for weights in (SMALL, LARGE):
         for cores in (1, 2, 4, 8, 16, 64):
             for requested in ("auto", 1, 3):
-                plan = plan_workers(cores=cores, available_bytes=64 * GiB, weight_bytes=weights,
-                                    per_worker_bytes=GiB, requested=requested)
+                plan = plan_workers(
+                    cores=cores,
+                    available_bytes=64 * GiB,
+                    weight_bytes=weights,
+                    per_worker_bytes=GiB,
+                    requested=requested,
+                )
                 assert plan.torch_threads >= 1
                 assert plan.workers * plan.torch_threads <= max(cores, plan.workers), plan
 
@@ -22,49 +27,76 @@ def test_a_small_models_worker_leaves_a_core_to_its_event_loop():
     plan = plan_workers(cores=2, available_bytes=64 * GiB, weight_bytes=SMALL, per_worker_bytes=GiB)
     assert (plan.workers, plan.torch_threads) == (1, 1) and "event loop" in plan.reason
     assert plan_workers(cores=1, available_bytes=64 * GiB, weight_bytes=SMALL, per_worker_bytes=GiB).torch_threads == 1
-    assert plan_workers(cores=16, available_bytes=64 * GiB, weight_bytes=SMALL, per_worker_bytes=GiB,
-                        requested=2).torch_threads == 7
+    assert (
+        plan_workers(
+            cores=16, available_bytes=64 * GiB, weight_bytes=SMALL, per_worker_bytes=GiB, requested=2
+        ).torch_threads
+        == 7
+    )
 
 
 def test_a_compute_bound_models_worker_gets_all_cores_of_its_share():
     plan = plan_workers(cores=2, available_bytes=64 * GiB, weight_bytes=LARGE, per_worker_bytes=GiB)
     assert (plan.workers, plan.torch_threads) == (1, 2) and "matrix multiplies" in plan.reason
-    assert plan_workers(cores=16, available_bytes=64 * GiB, weight_bytes=LARGE, per_worker_bytes=GiB,
-                        requested=2).torch_threads == 8
+    assert (
+        plan_workers(
+            cores=16, available_bytes=64 * GiB, weight_bytes=LARGE, per_worker_bytes=GiB, requested=2
+        ).torch_threads
+        == 8
+    )
     assert plan_workers(cores=8, available_bytes=64 * GiB, weight_bytes=LARGE, per_worker_bytes=GiB).torch_threads == 2
 
 
 def test_the_threshold_separates_the_two_kinds():
-    below = plan_workers(cores=4, available_bytes=64 * GiB, weight_bytes=COMPUTE_BOUND_WEIGHT_BYTES - 1,
-                         per_worker_bytes=GiB, requested=1)
-    at = plan_workers(cores=4, available_bytes=64 * GiB, weight_bytes=COMPUTE_BOUND_WEIGHT_BYTES,
-                      per_worker_bytes=GiB, requested=1)
+    below = plan_workers(
+        cores=4,
+        available_bytes=64 * GiB,
+        weight_bytes=COMPUTE_BOUND_WEIGHT_BYTES - 1,
+        per_worker_bytes=GiB,
+        requested=1,
+    )
+    at = plan_workers(
+        cores=4, available_bytes=64 * GiB, weight_bytes=COMPUTE_BOUND_WEIGHT_BYTES, per_worker_bytes=GiB, requested=1
+    )
     assert (below.torch_threads, at.torch_threads) == (3, 4)
     assert SMALL < COMPUTE_BOUND_WEIGHT_BYTES <= LARGE
 
 
 def test_gpu_workers_get_every_core():
-    assert plan_workers(cores=16, available_bytes=GiB, weight_bytes=GiB, per_worker_bytes=GiB, device="cuda",
-                        gpus=1).torch_threads == 16  # GPU workers: torch threads only feed the kernels
+    assert (
+        plan_workers(
+            cores=16, available_bytes=GiB, weight_bytes=GiB, per_worker_bytes=GiB, device="cuda", gpus=1
+        ).torch_threads
+        == 16
+    )  # GPU workers: torch threads only feed the kernels
 
 
 def test_memory_limits_workers():
     plan = plan_workers(cores=16, available_bytes=5 * GiB, weight_bytes=2 * GiB, per_worker_bytes=GiB)
     assert plan.workers == 3 and "memory" in plan.reason
-    no_preload = plan_workers(cores=16, available_bytes=5 * GiB, weight_bytes=2 * GiB, per_worker_bytes=GiB,
-                              preload=False)
+    no_preload = plan_workers(
+        cores=16, available_bytes=5 * GiB, weight_bytes=2 * GiB, per_worker_bytes=GiB, preload=False
+    )
     assert no_preload.workers == 1
 
 
 def test_cuda_defaults_to_one_worker_per_gpu():
-    assert plan_workers(cores=32, available_bytes=GiB, weight_bytes=GiB, per_worker_bytes=GiB, device="cuda",
-                        gpus=1).workers == 1
+    assert (
+        plan_workers(
+            cores=32, available_bytes=GiB, weight_bytes=GiB, per_worker_bytes=GiB, device="cuda", gpus=1
+        ).workers
+        == 1
+    )
 
 
 def test_explicit_count_and_bad_count():
-    assert plan_workers(cores=8, available_bytes=GiB, weight_bytes=1, per_worker_bytes=1, requested=2).torch_threads == 3
-    assert plan_workers(cores=8, available_bytes=GiB, weight_bytes=LARGE, per_worker_bytes=1,
-                        requested=2).torch_threads == 4
+    assert (
+        plan_workers(cores=8, available_bytes=GiB, weight_bytes=1, per_worker_bytes=1, requested=2).torch_threads == 3
+    )
+    assert (
+        plan_workers(cores=8, available_bytes=GiB, weight_bytes=LARGE, per_worker_bytes=1, requested=2).torch_threads
+        == 4
+    )
     with pytest.raises(ValueError):
         plan_workers(cores=8, available_bytes=GiB, weight_bytes=1, per_worker_bytes=1, requested=0)
 
@@ -82,8 +114,13 @@ def test_memory_needs_count_the_weight_copies_the_formats_may_make(formats, copi
 
     params = 1_000_000
     config = SimpleNamespace(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, hidden_size=64)
-    loaded = SimpleNamespace(manifest=SimpleNamespace(num_parameters=params), model=SimpleNamespace(config=config),
-                             context_length=128, dtype=torch.float32, device=torch.device("cpu"))
+    loaded = SimpleNamespace(
+        manifest=SimpleNamespace(num_parameters=params),
+        model=SimpleNamespace(config=config),
+        context_length=128,
+        dtype=torch.float32,
+        device=torch.device("cpu"),
+    )
     needs = memory_needs(Settings(weight_formats=formats, max_batch_size=4), loaded)
     assert needs.weight_bytes == params * (4 + copies[0])
     assert needs.per_worker_bytes == PER_WORKER_OVERHEAD + needs.kv_bytes + params * copies[1]
