@@ -6,7 +6,8 @@ fast for suites that never touch a model.
 
 Cost tiers (``pytest_collection_modifyitems`` below): every collected test gets exactly one of
 ``unit`` (no model, no server), ``model`` (builds or loads a model, in this process), ``server``
-(starts a real ``aieng serve`` process, or uses the session's) and ``notebook`` (an nbval cell),
+(starts a real ``aieng serve`` process, or uses the session's) and ``notebook`` (an nbval cell, or
+a runbook executed with papermill: a kernel runs a notebook),
 from what it uses: a fixture of ``SERVER_FIXTURES`` or ``MODEL_FIXTURES`` anywhere in its fixture
 closure, or a call of ``SERVER_CALLS`` / ``MODEL_CALLS`` in its own code or in the code of a
 fixture it uses. A tier marker written on the test wins when it is higher; the order is
@@ -305,6 +306,8 @@ MODEL_FIXTURES = frozenset(
 )
 #: Calls that start a real server, or build or load a model, when a test or fixture makes them itself.
 SERVER_CALLS = re.compile(r"\bServerProcess\(")
+#: A runbook executed with papermill (``aieng.workbook.runbooks.execute("name", ...)``): a notebook run in a kernel.
+NOTEBOOK_CALLS = re.compile(r"\bexecute\(\s*\"")
 MODEL_CALLS = re.compile(
     r"\b(?:from_pretrained|ForCausalLM|build_demo_model|build_shape_model|load_version|"
     r"make_tiny_llama|build_row_model|evaluate_dir)\("
@@ -329,6 +332,8 @@ def cost_tier(item) -> str:
     for name in names:
         for fixturedef in info.name2fixturedefs.get(name, ()) if info else ():
             codes.append(_source(fixturedef.func))
+    if any(NOTEBOOK_CALLS.search(code) for code in codes):
+        found.add("notebook")
     if names & SERVER_FIXTURES or any(SERVER_CALLS.search(code) for code in codes):
         found.add("server")
     if names & MODEL_FIXTURES or any(MODEL_CALLS.search(code) for code in codes):

@@ -3,7 +3,8 @@
 
 The tiers: ``unit`` (no model, no server), ``model`` (builds or loads a model in the test
 process), ``server`` (a real ``aieng serve`` process, its own or the session's), ``notebook`` (an
-nbval cell); a test that qualifies for two gets the higher (notebook > server > model > unit).
+nbval cell, or a runbook run by papermill); a test that qualifies for two gets the higher
+(notebook > server > model > unit).
 ``perf`` is not a tier: it marks a test that asserts a timing or throughput bound. What the
 whole suite collects is what this session collected, or what a collection run (``--collect-only``)
 writes out (``AIENG_TIERS_REPORT``)."""
@@ -90,6 +91,7 @@ def test_every_test_has_exactly_one_cost_tier_and_every_tier_is_used(collected):
         ),
         ("tests/bench/test_server_process.py::test_the_server_dies_when_its_owner_is_killed", "server"),  # its marker
         ("notebooks/05_batching.ipynb::Cell 0", "notebook"),
+        ("tests/runbooks/test_runbooks.py::test_rollback_runbook_dry_run_then_real_then_idempotent", "notebook"),
     ],
 )
 def test_the_tier_follows_what_a_test_uses(collected, nodeid, expected):

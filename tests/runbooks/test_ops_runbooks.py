@@ -13,8 +13,11 @@ def live_server(shared_server):
 
 
 def test_warmup_verify_passes_on_a_healthy_server_and_keeps_a_record(live_server, tmp_path):
-    executed = execute("warmup_verify", {"base_url": live_server.base_url, "expected_model": "demo@1",
-                                         "dry_run": False}, runs_dir=tmp_path)
+    executed = execute(
+        "warmup_verify",
+        {"base_url": live_server.base_url, "expected_model": "demo@1", "dry_run": False},
+        runs_dir=tmp_path,
+    )
     text = executed.read_text()
     assert "same text" in text and "answers correctly" in text
 
@@ -43,8 +46,11 @@ def test_incident_triage_takes_its_thresholds_from_the_alert_rules(live_server, 
 
     rules = tmp_path / "alerts.yml"
     rules.write_text(DEFAULT_RULES.read_text().replace("[5m]))) > 1.5", "[5m]))) > 2.25"))
-    executed = execute("incident_triage", {"base_url": live_server.base_url, "window_s": 1, "alert_rules": str(rules)},
-                       runs_dir=tmp_path)
+    executed = execute(
+        "incident_triage",
+        {"base_url": live_server.base_url, "window_s": 1, "alert_rules": str(rules)},
+        runs_dir=tmp_path,
+    )
     assert "TTFT p99 <= 2.25s" in executed.read_text()
 
 

@@ -4,8 +4,8 @@ import nbformat
 import pytest
 from papermill.exceptions import PapermillExecutionError
 
-from aieng.workbook.runbooks import execute
 from aieng.store import ModelRef, ModelStore
+from aieng.workbook.runbooks import execute
 
 
 @pytest.fixture(scope="module")
@@ -37,8 +37,14 @@ def test_deploy_dry_run_changes_nothing_and_keeps_an_audit_copy(store, runs, dem
 
 
 def test_deploy_registers_evaluates_gates_and_promotes_then_rerun_is_a_no_op(store, runs, demo_model_dir):
-    params = {"source": str(demo_model_dir), "name": "demo", "version": "1", "store": str(store.root),
-              "dry_run": False, "n_per_family": 30}
+    params = {
+        "source": str(demo_model_dir),
+        "name": "demo",
+        "version": "1",
+        "store": str(store.root),
+        "dry_run": False,
+        "n_per_family": 30,
+    }
     executed = execute("deploy_model", params, runs_dir=runs)
     assert _parameters_in(executed)["version"] == "1"
     assert store.current("demo") == "1"
@@ -52,8 +58,14 @@ def test_deploy_registers_evaluates_gates_and_promotes_then_rerun_is_a_no_op(sto
 
 
 def test_deploy_gate_failure_keeps_current_and_leaves_a_candidate(store, runs, tiny_demo_dir):
-    params = {"source": str(tiny_demo_dir), "name": "demo", "version": "2", "store": str(store.root),
-              "dry_run": False, "n_per_family": 10}
+    params = {
+        "source": str(tiny_demo_dir),
+        "name": "demo",
+        "version": "2",
+        "store": str(store.root),
+        "dry_run": False,
+        "n_per_family": 10,
+    }
     with pytest.raises(PapermillExecutionError, match="eval gate failed"):
         execute("deploy_model", params, runs_dir=runs)
     assert store.current("demo") == "1"
