@@ -18,14 +18,12 @@ asserts a timing or throughput bound, beside its tier. ``make test-fast`` runs
 
 from __future__ import annotations
 
-import asyncio
 import gc
 import inspect
 import json
 import os
 import re
 import shutil
-import threading
 from dataclasses import asdict
 from pathlib import Path
 
@@ -183,60 +181,18 @@ def shared_server(session_store):
         yield proc
 
 
-class InProcessASGI:
-    """httpx's ``ASGITransport`` behind a synchronous transport: one event loop on a thread of
-    its own runs every request, so the app's bridge (its per-loop mailbox) sees one loop, as in a
-    worker, and a test drives the app with a plain ``httpx.Client``. Responses come back whole
-    (``ASGITransport`` collects the body), which is all a route test needs; client disconnects
-    need a socket and so a real server."""
-
-    def __init__(self, app):
-        import httpx
-
-        self._inner = httpx.ASGITransport(app=app)
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="asgi-loop", daemon=True)
-        self._thread.start()
-
-    def transport(self):
-        import httpx
-
-        outer = self
-
-        class Transport(httpx.BaseTransport):
-            def handle_request(self, request):
-                return outer.handle(request)
-
-        return Transport()
-
-    def handle(self, request):
-        import httpx
-
-        body = request.read()
-
-        async def call():
-            forwarded = httpx.Request(request.method, request.url, headers=request.headers, content=body)
-            response = await self._inner.handle_async_request(forwarded)
-            return response.status_code, response.headers.raw, b"".join([part async for part in response.stream])
-
-        status, headers, content = asyncio.run_coroutine_threadsafe(call(), self._loop).result()
-        return httpx.Response(status, headers=headers, stream=httpx.ByteStream(content))
-
-    def close(self) -> None:
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
-
-
 @pytest.fixture(scope="session")
 def inprocess():
-    """``start(store_root, model="demo", **settings) -> httpx.Client``: ``create_app`` over a
+    """``start(store_root, model="demo", **settings) -> TestClient``: ``create_app`` over a
     ``Runtime`` built in this process (verify, load, engine, warm-up, engine thread: what a worker
-    does, without gunicorn or a socket; the worker plan is logged, not applied), reached through
-    ``InProcessASGI``. ``settings`` are
+    does, without gunicorn or a socket; the worker plan is logged, not applied), driven by
+    Starlette's ``TestClient`` held open for the session, so that every request runs on one event
+    loop (its portal thread) as in a worker, and the app's bridge sees one loop. Responses come
+    back whole; client disconnects need a socket and so a real server. ``settings`` are
     ``Settings`` fields on top of the environment's, as ``aieng serve`` reads them; compilation
-    is off and the store is not polled. The client has ``.runtime``; everything stops at the end
-    of the session."""
-    import httpx
+    is off and the store is not polled. The client has ``.runtime``; leaving the client at the end
+    of the session runs the app's lifespan exit, which stops the runtime."""
+    from starlette.testclient import TestClient
 
     from aieng.server.http.app import create_app
     from aieng.server.process.runtime import Runtime, RuntimeConfig
@@ -259,17 +215,14 @@ def inprocess():
         app = create_app(
             runtime, max_body_bytes=chosen.max_body_bytes, body_timeout_s=chosen.body_timeout_s, start_runtime=False
         )
-        asgi = InProcessASGI(app)
-        client = httpx.Client(transport=asgi.transport(), base_url="http://aieng.inprocess", timeout=60)
+        client = TestClient(app, base_url="http://aieng.inprocess").__enter__()  # one portal (loop) from here on
         client.runtime = runtime
-        started.append((client, asgi, runtime))
+        started.append(client)
         return client
 
     yield start
-    for client, asgi, runtime in started:
-        client.close()
-        runtime.stop()
-        asgi.close()
+    for client in started:
+        client.__exit__(None, None, None)
 
 
 @pytest.fixture(scope="session")

@@ -31,6 +31,7 @@ from aieng.errors import ModelNotFoundError, StoreError, VerificationError
 from aieng.store.hashing import compare_hashes
 from aieng.store.manifest import MANIFEST_TMP_PREFIX, Manifest, write_json_atomic
 from aieng.store.refs import ModelRef, check_name
+from aieng.store.registration import register
 from aieng.store.staging import fsync_dir, remove_dead
 from aieng.store.stamps import default_actor, utc_now
 
@@ -172,8 +173,6 @@ class ModelStore:
     # -- register ------------------------------------------------------------------------------
     def register(self, source: Path | str, name: str, version: str, *, provenance: str | None = None) -> Manifest:
         """Copy a safetensors model folder into the store as ``name@version`` (status ``candidate``)."""
-        from aieng.store.registration import register
-
         return register(self, source, name, version, provenance=provenance)
 
     # -- verify --------------------------------------------------------------------------------

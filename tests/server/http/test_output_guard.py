@@ -102,36 +102,20 @@ def test_fallback_replaces_a_caught_answer_and_marks_it(guarded):
     assert "guard" not in constrained.json()["choices"][0]  # its format is the grammar's business
 
 
+def stream_chunks(client, content, max_tokens):
+    """The parsed ``data:`` chunks of a greedy streamed chat reply."""
+    body = {"model": "demo", "messages": [{"role": "user", "content": content}], "temperature": 0}
+    with client.stream("POST", "/v1/chat/completions", json={**body, "max_tokens": max_tokens, "stream": True}) as r:
+        return [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+
+
 def test_a_stream_is_cut_before_a_blocked_chunk_leaves(guarded):
-    with guarded.stream(
-        "POST",
-        "/v1/chat/completions",
-        json={
-            "model": "demo",
-            "messages": [{"role": "user", "content": "reverse: apple stone river"}],
-            "temperature": 0,
-            "max_tokens": 20,
-            "stream": True,
-        },
-    ) as response:
-        chunks = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: {")]
+    chunks = stream_chunks(guarded, "reverse: apple stone river", max_tokens=20)
     text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
     assert "river" not in text
     assert chunks[-1]["choices"][0]["finish_reason"] == "content_filter"
     assert chunks[-1]["choices"][0]["guard"]["check"] == "blocklist"
-    with guarded.stream(
-        "POST",
-        "/v1/chat/completions",
-        json={
-            "model": "demo",
-            "messages": [{"role": "user", "content": "json: name=ana age=31"}],
-            "temperature": 0,
-            "max_tokens": 5,
-            "stream": True,
-        },
-    ) as response:
-        chunks = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: {")]
-    last = chunks[-1]["choices"][0]
+    last = stream_chunks(guarded, "json: name=ana age=31", max_tokens=5)[-1]["choices"][0]
     assert last["finish_reason"] == "length" and last["guard"] == {**last["guard"], "check": "json", "action": "flag"}
 
 
