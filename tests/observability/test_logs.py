@@ -3,9 +3,10 @@ served app in-process."""
 
 import json
 import logging
-import time
 
 import httpx
+
+from ..polling import poll
 
 TRACE = "0af7651916cd43dd8448eb211c80319c"
 
@@ -17,10 +18,7 @@ def lines(proc):
 def wait_for(found, timeout: float = 10.0) -> list:
     """``found()`` once it is not empty (or empty after ``timeout``): a request's last lines are
     written as its response ends, and reach the log file a moment later."""
-    deadline = time.monotonic() + timeout
-    while not (result := found()) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    return result
+    return poll(found, timeout)
 
 
 def test_every_stderr_line_is_json_with_the_contract_fields(two_workers):

@@ -2,7 +2,6 @@
 version, ``name@V`` pins a version, and a canary that passes becomes stable without a reload."""
 
 import json
-import time
 import uuid
 
 import httpx
@@ -11,6 +10,8 @@ import pytest
 from aieng.release.reload import worker_canaries, worker_versions
 from aieng.server.process.canary_serving import assigned_to_canary
 from aieng.store.canary_record import clear_canary, set_canary
+
+from ...polling import poll
 
 
 def test_the_split_follows_the_weight_and_raising_it_only_moves_sessions_to_the_canary():
@@ -35,12 +36,7 @@ def server_env() -> dict:
 
 
 def wait_for(check, what: str, timeout: float = 120.0):
-    start = time.monotonic()
-    while time.monotonic() - start < timeout:
-        if check():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
+    assert poll(check, timeout, poll_s=0.2), f"timed out waiting for {what}"
 
 
 def ask(client, session: str | None = None, model: str = "demo"):

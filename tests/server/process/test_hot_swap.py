@@ -16,6 +16,8 @@ from aieng.observability.scrape import scrape
 from aieng.release.reload import worker_versions
 from aieng.store import ModelRef
 
+from ...polling import poll
+
 TOKEN = "test-admin-token"  # the admin token of the server fixture (conftest.py)
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
@@ -157,13 +159,8 @@ def test_a_tampered_version_is_refused_and_the_old_one_keeps_serving(server, sto
             timeout=60,
         )
         assert reply.status_code == 200 and reply.headers["x-model-version"] == "1"
-        deadline = time.monotonic() + 60  # until both workers polled `current` and refused it
-        while (
-            scrape(server.base_url).value("aieng_model_swaps_total", outcome="failed") < 2
-            and time.monotonic() < deadline
-        ):
-            time.sleep(0.1)
-        assert scrape(server.base_url).value("aieng_model_swaps_total", outcome="failed") >= 2
+        swaps_failed = lambda: scrape(server.base_url).value("aieng_model_swaps_total", outcome="failed")  # noqa: E731
+        assert poll(lambda: swaps_failed() >= 2, timeout=60, poll_s=0.1)  # both workers polled `current`, refused it
         ready = httpx.get(f"{server.base_url}/health/ready").json()
         assert ready["version"] == "1" and ready["swap"]["status"] == "failed" and ready["swap"]["version"] == "3"
         assert set(worker_versions(server.base_url).values()) == {"1"}

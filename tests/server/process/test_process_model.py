@@ -12,6 +12,8 @@ import pytest
 
 from aieng.bench.server_process import ServerProcess
 
+from ...polling import poll
+
 
 def stream_to_end(base_url, body, results, index):
     try:
@@ -26,17 +28,6 @@ def stream_to_end(base_url, body, results, index):
         }
     except Exception as exc:  # recorded, asserted below
         results[index] = {"error": repr(exc)}
-
-
-def until(check, timeout: float, poll_s: float = 0.02):
-    """``check()``'s first truthy value, polled until ``timeout`` (None when it never came)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(poll_s)
-    return None
 
 
 def refused(url: str) -> bool:
@@ -67,10 +58,10 @@ def test_sigterm_drains_in_flight_streams_and_exits_zero(demo_store, render):
     threads = [threading.Thread(target=stream_to_end, args=(proc.base_url, body, results, i)) for i in range(8)]
     for t in threads:
         t.start()
-    until(lambda: "aieng_requests_running 8.0" in httpx.get(f"{proc.base_url}/metrics").text, timeout=10)
+    poll(lambda: "aieng_requests_running 8.0" in httpx.get(f"{proc.base_url}/metrics").text, timeout=10)
     os.kill(proc.process.pid, signal.SIGTERM)
     signalled = time.monotonic()
-    ready = until(lambda: (r := httpx.get(f"{proc.base_url}/health/ready")).status_code == 503 and r, timeout=10)
+    ready = poll(lambda: (r := httpx.get(f"{proc.base_url}/health/ready")).status_code == 503 and r, timeout=10)
     assert ready and ready.json()["error"]["code"] == "not_ready" and ready.json()["status"] == "draining"
     # a lame duck: within the drain delay a balancer may not have noticed yet, and what it sends is served
     sent = time.monotonic()
@@ -78,7 +69,7 @@ def test_sigterm_drains_in_flight_streams_and_exits_zero(demo_store, render):
     assert sent - signalled < drain_delay_s, "the late request was not even sent within the drain delay"
     assert late.status_code == 200, late.text
     # after the delay the listener is closed: the balancer retries elsewhere
-    assert until(lambda: refused(f"{proc.base_url}/health/live"), timeout=drain_delay_s + 30)
+    assert poll(lambda: refused(f"{proc.base_url}/health/live"), timeout=drain_delay_s + 30)
     assert time.monotonic() - signalled >= drain_delay_s * 0.9, "the listener closed before the drain delay ended"
     with pytest.raises(httpx.TransportError):
         httpx.post(f"{proc.base_url}/v1/completions", json={**body, "stream": False, "max_tokens": 2}, timeout=5)

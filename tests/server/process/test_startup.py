@@ -11,6 +11,8 @@ from aieng.server.process.runtime import Runtime, RuntimeConfig
 from aieng.server.process.startup import PhasedStore, StartupProgress
 from aieng.settings import Settings
 
+from ...polling import poll
+
 
 def events(caplog, name=None):
     lines = [r for r in caplog.records if r.name == "aieng.server.startup"]
@@ -42,10 +44,7 @@ def test_each_phase_start_and_end_is_one_line_with_its_seconds(caplog):
 
 
 def wait_until(check, timeout: float = 10.0):
-    deadline = time.monotonic() + timeout
-    while not check() and time.monotonic() < deadline:
-        time.sleep(0.005)
-    assert check(), "timed out"
+    assert poll(check, timeout, poll_s=0.005), "timed out"
 
 
 def test_the_heartbeat_says_what_is_still_running_and_stops_when_ready(caplog):
