@@ -7,17 +7,18 @@ fast for suites that never touch a model.
 Cost tiers (``pytest_collection_modifyitems`` below): every collected test gets exactly one of
 ``unit`` (no model, no server), ``model`` (builds or loads a model, in this process), ``server``
 (starts a real ``aieng serve`` process, or uses the session's) and ``notebook`` (an nbval cell, or
-a runbook executed with papermill: a kernel runs a notebook),
-from what it uses: a fixture of ``SERVER_FIXTURES`` or ``MODEL_FIXTURES`` anywhere in its fixture
-closure, or a call of ``SERVER_CALLS`` / ``MODEL_CALLS`` in its own code or in the code of a
-fixture it uses. A tier marker written on the test wins when it is higher; the order is
-notebook > server > model > unit. ``perf`` is not a tier: it is written by hand on a test that
-asserts a timing or throughput bound, beside its tier. ``make test-fast`` runs
+a runbook executed with papermill: a kernel runs a notebook), from what it uses: a fixture of
+``SERVER_FIXTURES`` or ``MODEL_FIXTURES`` anywhere in its fixture closure, or a call of
+``TIER_CALLS`` in its own code or in the code of a fixture it uses. A tier marker written on the
+test wins when it is higher; the order is notebook > server > model > unit. ``perf`` is not a
+tier: it is written by hand on a test that asserts a timing or throughput bound, beside its
+tier. ``make test-fast`` runs
 ``-m "not server and not notebook and not perf"``; tests/project/test_tiers.py checks the tiers.
 """
 
 from __future__ import annotations
 
+import functools
 import gc
 import inspect
 import json
@@ -257,21 +258,27 @@ MODEL_FIXTURES = frozenset(
         "_tiny_llama_template",
     }
 )
-#: Calls that start a real server, or build or load a model, when a test or fixture makes them itself.
-SERVER_CALLS = re.compile(r"\bServerProcess\(")
-#: A runbook executed with papermill (``aieng.workbook.runbooks.execute("name", ...)``): a notebook run in a kernel.
-NOTEBOOK_CALLS = re.compile(r"\bexecute\(\s*\"")
-MODEL_CALLS = re.compile(
-    r"\b(?:from_pretrained|ForCausalLM|build_demo_model|build_shape_model|load_version|"
-    r"make_tiny_llama|build_row_model|evaluate_dir)\("
-)
+#: Calls that put a test in a tier when the test or one of its fixtures makes them itself: a real
+#: server started; a runbook executed with papermill (``aieng.workbook.runbooks.execute("name",
+#: ...)``: a notebook run in a kernel); a model built or loaded.
+TIER_CALLS = {
+    "server": re.compile(r"\bServerProcess\("),
+    "notebook": re.compile(r"\bexecute\(\s*\""),
+    "model": re.compile(
+        r"\b(?:from_pretrained|ForCausalLM|build_demo_model|build_shape_model|load_version|"
+        r"make_tiny_llama|build_row_model|evaluate_dir)\("
+    ),
+}
 
 
-def _source(function) -> str:
+@functools.cache
+def _tiers_called(function) -> frozenset[str]:
+    """The tiers of the calls in ``function``'s own code (cached: one fixture serves many tests)."""
     try:
-        return inspect.getsource(function)
+        code = inspect.getsource(function)
     except (OSError, TypeError):
-        return ""
+        return frozenset()
+    return frozenset(tier for tier, calls in TIER_CALLS.items() if calls.search(code))
 
 
 def cost_tier(item) -> str:
@@ -280,16 +287,14 @@ def cost_tier(item) -> str:
         return "notebook"
     found = {mark.name for mark in item.iter_markers() if mark.name in TIERS}
     names = set(getattr(item, "fixturenames", ()))
-    codes = [_source(getattr(item, "function", None))]
+    found |= _tiers_called(getattr(item, "function", None))
     info = getattr(item, "_fixtureinfo", None)
     for name in names:
         for fixturedef in info.name2fixturedefs.get(name, ()) if info else ():
-            codes.append(_source(fixturedef.func))
-    if any(NOTEBOOK_CALLS.search(code) for code in codes):
-        found.add("notebook")
-    if names & SERVER_FIXTURES or any(SERVER_CALLS.search(code) for code in codes):
+            found |= _tiers_called(fixturedef.func)
+    if names & SERVER_FIXTURES:
         found.add("server")
-    if names & MODEL_FIXTURES or any(MODEL_CALLS.search(code) for code in codes):
+    if names & MODEL_FIXTURES:
         found.add("model")
     return max(found, key=TIERS.index, default="unit")
 
