@@ -13,6 +13,13 @@ export AIENG_STORE ?= $(CURDIR)/var/store
 export TOKENIZERS_PARALLELISM ?= false
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
+# Some hosts set PYTHONDONTWRITEBYTECODE=1; then every process (each test run, each server worker)
+# compiles every module from source again and pytest rewrites every test's asserts again.
+unexport PYTHONDONTWRITEBYTECODE
+# The cost tiers of tests/conftest.py: the first runs on every core, one torch thread per worker
+# (tests/conftest.py); servers, notebooks and timing bounds run one at a time.
+FAST_TIERS := not server and not notebook and not perf
+PYTEST := $(BIN)/python -m pytest -p no:cacheprovider
 
 .PHONY: help install install-dev audit lint demo serve test test-fast lab lock clean
 
@@ -68,12 +75,13 @@ serve: demo
 test: $(DEV_STAMP) demo audit
 	@if command -v promtool >/dev/null; then promtool check rules deploy/prometheus/alerts.yml; \
 	  else echo "promtool not found: alert rules unchecked (apt-get install prometheus)"; fi
-	$(BIN)/python -m pytest tests --nbval-lax notebooks -p no:cacheprovider --durations=25
+	$(PYTEST) tests -m "$(FAST_TIERS)" -n auto --dist loadfile --durations=10
+	$(PYTEST) tests --nbval-lax notebooks -m "not ($(FAST_TIERS))" --durations=25
 
 # While iterating: every test but those that start a real server, run a notebook or assert a timing
 # bound (the cost tiers of tests/conftest.py); `make test` runs them all.
 test-fast: $(DEV_STAMP) demo
-	$(BIN)/python -m pytest tests -m "not server and not notebook and not perf" -p no:cacheprovider --durations=10
+	$(PYTEST) tests -m "$(FAST_TIERS)" -n auto --dist loadfile --durations=10
 
 lab: $(DEV_STAMP) demo
 	$(BIN)/jupyter lab notebooks/

@@ -326,3 +326,12 @@ def pytest_collection_modifyitems(config, items):
 def collected_tiers(request) -> list[dict]:
     """What this session collected, before ``-m`` deselected any: nodeid, tiers, perf."""
     return request.config.stash.get(_TIER_ROWS, [])
+
+
+def pytest_configure(config):
+    """Under pytest-xdist (``make test-fast`` runs ``-n 2``) each worker gets one torch thread:
+    two workers of two threads each on two cores meet at torch's barriers and wait on each other."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        import torch
+
+        torch.set_num_threads(1)

@@ -2,11 +2,11 @@
 schema-valid on the demo's held-out json prompts with no accuracy lost."""
 
 import json
-import subprocess
-import sys
 
 from aieng.bench.grammar_bench import json_task_report, schema_for
 from aieng.engine import Engine, EngineConfig
+
+from ..command import aieng
 
 
 def test_constrained_json_is_always_valid_and_never_less_accurate(demo_model_dir):
@@ -31,30 +31,10 @@ def test_schema_for_keeps_field_order_and_types():
 
 
 def test_bench_grammar_cli_reports_cost_and_effect(demo_store):
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "aieng",
-            "--store",
-            str(demo_store.root),
-            "bench",
-            "grammar",
-            "--model",
-            "demo",
-            "--batch",
-            "4",
-            "--new-tokens",
-            "8",
-            "--repeats",
-            "1",
-            "--no-compile",
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    result = aieng(
+        "bench", "grammar", "--model", "demo", "--batch", "4", "--new-tokens", "8", "--repeats", "1",
+        "--no-compile", "--json", store=demo_store.root,
+    )  # fmt: skip
     assert result.returncode == 0, result.stderr
     out = json.loads(result.stdout)
     assert set(out["cost"]) == {"forced", "json_task"}

@@ -1,4 +1,7 @@
-"""The CLI as a user runs it: subprocesses, exit codes, one-line errors, an untouched store on failure."""
+"""The CLI as a user runs it: exit codes, one-line errors, an untouched store on failure.
+
+Commands run in this process (``tests/command.py``: ``main(argv)`` with captured streams); the
+console entry point itself is run once as a subprocess, the way a shell starts it."""
 
 import subprocess
 import sys
@@ -6,6 +9,8 @@ import sys
 import pytest
 
 from aieng.bench.server_process import ServerProcess, ServerStartError
+
+from ..command import aieng
 
 COMMANDS = [
     [],
@@ -31,9 +36,16 @@ COMMANDS = [
 ]
 
 
-def aieng(*args, store=None):
-    prefix = ["--store", str(store)] if store else []
-    return subprocess.run([sys.executable, "-m", "aieng", *prefix, *args], capture_output=True, text=True, timeout=300)
+def test_the_entry_point_runs_as_a_process_with_its_exit_status(tmp_path):
+    helped = subprocess.run([sys.executable, "-m", "aieng", "--help"], capture_output=True, text=True, timeout=120)
+    assert helped.returncode == 0 and "usage: aieng" in helped.stdout
+    failed = subprocess.run(
+        [sys.executable, "-m", "aieng", "--store", str(tmp_path / "store"), "model", "rollback", "nothing"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert failed.returncode == 1 and failed.stderr.startswith("aieng: error: ") and "Traceback" not in failed.stderr
 
 
 @pytest.mark.parametrize("command", COMMANDS, ids=lambda c: " ".join(c) or "aieng")

@@ -2,8 +2,6 @@
 
 import hashlib
 import json
-import subprocess
-import sys
 
 import pytest
 
@@ -14,6 +12,8 @@ from aieng.demo.corpus import training_examples
 from aieng.demo.model import ModelDims
 from aieng.demo.shapes import SHAPES, UnknownShapeError, build_shape_model, count_parameters, shape_dims
 from aieng.demo.tokenizer import render_documents
+
+from ..command import aieng
 
 
 def _sha256(path):
@@ -152,7 +152,7 @@ def test_progress_names_every_step(tmp_path, capsys):
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "aieng", "demo", "build", *args], capture_output=True, text=True)
+    return aieng("demo", "build", *args)
 
 
 def test_cli_help_unknown_shape_and_steps(tmp_path):

@@ -10,9 +10,6 @@ server's batch at different steps.
 
 import json
 import logging
-import os
-import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -22,6 +19,7 @@ from aieng.engine.reference import reference_greedy
 from aieng.engine.serving_table import ROWS, Row
 from aieng.model_facts import eos_token_ids
 
+from ..command import aieng
 from .architectures import MAX_TOKENS, PROMPTS, build_row_model, load
 
 CASES = {
@@ -87,14 +85,8 @@ def test_the_served_greedy_answer_is_generate_s(path, store, inprocess, caplog):
 
 @pytest.mark.parametrize("path", list(CASES))
 def test_model_inspect_says_which_forward_and_why_without_serving(path, store):
-    env = {**os.environ, "AIENG_COMPILE": "0", "AIENG_WEIGHT_FORMATS": "float32"}
-    result = subprocess.run(
-        [sys.executable, "-m", "aieng", "model", "inspect", path, "--store", str(store.root), "--json"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
+    env = {"AIENG_COMPILE": "0", "AIENG_WEIGHT_FORMATS": "float32"}
+    result = aieng("model", "inspect", path, "--json", store=store.root, env=env)
     assert result.returncode == 0, result.stderr
     plan = json.loads(result.stdout)
     assert plan["runner"] == path and plan["version"] == "1" and plan["workers"] >= 1
@@ -107,19 +99,7 @@ def test_model_inspect_says_which_forward_and_why_without_serving(path, store):
         assert " rows x " in plan["kv_cache"] and plan["kv_cache_why"].startswith("AIENG_KV_CACHE_DTYPE=auto")
     else:
         assert "gpt2 is not of the Llama family" in plan["runner_why"] and "dynamic cache" in plan["kv_cache"]
-    text = subprocess.run(
-        [sys.executable, "-m", "aieng", "model", "inspect", f"{path}@1", "--store", str(store.root)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
+    text = aieng("model", "inspect", f"{path}@1", store=store.root, env=env)
     assert text.returncode == 0 and text.stdout.splitlines()[2].startswith(f"forward          {path}: ")
-    missing = subprocess.run(
-        [sys.executable, "-m", "aieng", "model", "inspect", f"{path}@7", "--store", str(store.root)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
+    missing = aieng("model", "inspect", f"{path}@7", store=store.root, env=env)
     assert missing.returncode == 1 and "does not exist" in missing.stderr and "Traceback" not in missing.stderr

@@ -23,10 +23,10 @@ from aieng.loadtest.workload import parse_workload
 
 WORKLOAD = {
     "name": "tiny",
-    "duration_s": 4,
-    "warmup_s": 1,
-    "cooldown_s": 0.5,
-    "arrival": {"process": "constant", "rate": 10},
+    "duration_s": 2,
+    "warmup_s": 0.3,
+    "cooldown_s": 0.2,
+    "arrival": {"process": "constant", "rate": 20},
     "classes": [
         {"name": "short", "share": 0.5, "max_tokens": 3, "family": ["add"]},
         {"name": "long", "share": 0.5, "max_tokens": 6, "text": "reverse: a b c", "exact_tokens": True},
@@ -118,7 +118,7 @@ def test_a_healthy_double_passes_every_check(serve, tmp_path):
 
 def test_a_leaking_erring_stuck_or_miscounting_server_fails_the_check_named(serve, tmp_path):
     leaky = serve(double(leak=2**20, fail_every=5, stuck=True))  # 1 MiB per request, every fifth a 500
-    data, checks = checks_of(leaky, tmp_path / "leaky", limits=CheckLimits(max_error_rate=0.05, idle_timeout_s=2))
+    data, checks = checks_of(leaky, tmp_path / "leaky", limits=CheckLimits(max_error_rate=0.05, idle_timeout_s=0.5))
     assert checks == {"rss_growth": False, "metrics_agree": True, "idle_after": False, "error_rate": False}
     assert not data["passed"]
     assert data["levels"][0]["summary"]["all"]["errors_by_status"] == {
@@ -131,7 +131,7 @@ def test_a_leaking_erring_stuck_or_miscounting_server_fails_the_check_named(serv
 def test_a_sweep_finds_the_knee_of_a_server_with_known_capacity(serve, tmp_path):
     # two at a time, 0.2 s each: at most 10 requests per second
     url = serve(double(seconds_per_request=0.2))
-    workload = parse_workload({**WORKLOAD, "sweep": {"rates": [3, 6, 20, 40], "duration_s": 3}})
+    workload = parse_workload({**WORKLOAD, "sweep": {"rates": [4, 8, 16], "duration_s": 2}})
     data = run_loadtest(
         LoadTest(
             url=url, workload=workload, out=tmp_path, sweep=True, progress=False, slos={"e2e": 1.0}, target_rps=25

@@ -2,12 +2,12 @@
 serves exactly (``aieng.engine.serving_path``), and says why and what to do."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 
 from aieng.errors import StoreError
+
+from ..command import aieng
 
 LONGROPE_PAST_ITS_THRESHOLD = {
     "rope_type": "longrope",
@@ -145,25 +145,7 @@ def test_configs_a_forward_serves_exactly_register(store, tiny_llama, changes, k
 def test_aieng_model_register_exits_non_zero_with_the_reason_and_no_version(tmp_path, tiny_llama):
     edit_config(tiny_llama, rope_parameters=LONGROPE_PAST_ITS_THRESHOLD)
     store = tmp_path / "store"
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "aieng",
-            "--store",
-            str(store),
-            "model",
-            "register",
-            str(tiny_llama),
-            "--name",
-            "tiny",
-            "--version",
-            "1",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    result = aieng("model", "register", tiny_llama, "--name", "tiny", "--version", "1", store=store)
     assert result.returncode == 1
     assert result.stderr.startswith("aieng: error: ") and result.stderr.strip().count("\n") == 0
     assert "cannot be served exactly" in result.stderr and "longrope" in result.stderr
