@@ -61,11 +61,16 @@ def add_parser(sub) -> None:
         "rate (aieng/release/canary_rollout.py). --max-failed-checks failed checks roll it back "
         "(the canary is unloaded); all steps passed promote it to current. Every step "
         "and the outcome go to history.jsonl. Exit 0 promoted, 1 refused by the gate, "
-        "3 rolled back.",
+        "3 rolled back. With --abort: return all traffic to the stable version now (the canary "
+        "record is cleared, every worker at --url unloads it); a second abort does nothing.",
     )
     p.add_argument("name")
-    p.add_argument("version")
-    p.add_argument("--url", required=True, help="the server, e.g. http://127.0.0.1:8000")
+    p.add_argument("version", nargs="?", help="the version to release (not with --abort)")
+    p.add_argument("--url", help="the server, e.g. http://127.0.0.1:8000 (needed to release; with --abort, optional)")
+    p.add_argument(
+        "--abort", action="store_true", help="stop the canary in progress: all traffic back to stable; needs --reason"
+    )
+    p.add_argument("--reason", default="", help="why the canary is aborted (recorded in history.jsonl)")
     p.add_argument("--steps", default="1,10,50,100", help="traffic percentages, in order (default 1,10,50,100)")
     p.add_argument("--interval", default="60s", help="seconds per check, e.g. 60s or 2m (default 60s)")
     p.add_argument("--max-failed-checks", type=int, default=2, help="failed checks before rolling back (default 2)")
@@ -134,8 +139,22 @@ def _seconds(text: str) -> float:
 def _canary(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from aieng.release.canary_rollout import CanaryThresholds, run_canary
+    from aieng.errors import ConfigError
+    from aieng.release.canary_rollout import CanaryThresholds, abort_canary, run_canary
     from aieng.release.sources import PrometheusMetrics
+
+    if args.abort:
+        if args.version:
+            raise ConfigError(f"--abort takes no version: it aborts whichever canary {args.name} has")
+        if not args.reason.strip():
+            raise ConfigError("--abort needs --reason WHY (it is recorded in history.jsonl)")
+        abort_canary(store_from(args), args.name, args.reason, url=args.url)
+        return 0
+    if not args.version or not args.url:
+        raise ConfigError(
+            "give the version and the server: aieng release canary NAME VERSION --url URL "
+            "(or stop one in progress: aieng release canary NAME --abort --reason WHY)"
+        )
 
     try:
         steps = [int(step) for step in args.steps.split(",")]

@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
+from aieng.errors import ConfigError
 from aieng.evaluation.gate import GateThresholds
 from aieng.release.decision import Window
 from aieng.release.probe import quality_probe, regressed
@@ -220,6 +221,43 @@ def _abort(store, name, version, url, token, rule, reason, checks, log, sleep) -
     )
     log(f"[canary {name}@{version}] rolled back: {reason}")
     return CanaryResult("rolled_back", rule, reason, checks)
+
+
+def abort_canary(
+    store: ModelStore,
+    name: str,
+    reason: str,
+    *,
+    url: str | None = None,
+    token: str | None = None,
+    actor: str | None = None,
+    log: Callable[[str], None] = print,
+    sleep: Callable[[float], None] = time.sleep,
+) -> str | None:
+    """Return all of ``name``'s traffic to its stable version: clear the canary record (history
+    gets ``canary_cleared`` with the reason and who) and, given the server's ``url``, have every
+    worker re-read the store and wait until none serves the canary. The version aborted, or None
+    when there was no canary: a second abort changes nothing, so an incident step may be re-run.
+
+    Why a reason is required: an abort is an operator's override of a release in progress, and
+    history must say why, as it does for ``--force``."""
+    if not reason.strip():
+        raise ConfigError("aborting a canary needs a reason (it is recorded in history.jsonl)")
+    event = clear_canary(store, name, reason=f"canary aborted: {reason}", actor=actor)
+    if event is None:
+        log(f"{name}: no canary in the store: nothing to abort")
+    else:
+        log(f"{name}: canary {event['from']} cleared; {event['to']} serves all traffic in the store")
+    if url:
+        try:
+            _converge(url, None, 0.0, token, sleep)
+        except TimeoutError as exc:
+            raise ConfigError(
+                f"the store's canary of {name} is cleared, but {exc}; check aieng_canary_weight on {url}/metrics "
+                f"and run the abort again (it re-sends the reload)"
+            ) from None
+        log(f"{url}: no worker serves a canary of {name}")
+    return None if event is None else event["from"]
 
 
 def _converge(url: str, version: str | None, weight: float, token: str | None, sleep, timeout_s: float = 300.0) -> None:

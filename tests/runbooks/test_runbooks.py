@@ -76,6 +76,15 @@ def test_deploy_gate_failure_keeps_current_and_leaves_a_candidate(store, runs, t
     assert "floor: reverse: " in record and "< 80%" in record  # naming the rule, the family and the floor
 
 
+def test_deploy_refuses_force_without_a_reason_of_its_own_before_any_write(store, runs, tiny_demo_dir):
+    before = (store.names(), _history_len(store))
+    params = {"source": str(tiny_demo_dir), "name": "demo", "version": "9", "store": str(store.root)}
+    with pytest.raises(PapermillExecutionError, match="force=True overrides the release gate"):
+        execute("deploy_model", {**params, "dry_run": False, "force": True}, runs_dir=runs)
+    assert (store.names(), _history_len(store)) == before
+    assert not (store.root / "demo" / "versions" / "9").exists()
+
+
 def test_deploy_refuses_a_reused_version_label_with_other_content(store, runs, tiny_demo_dir):
     params = {"source": str(tiny_demo_dir), "name": "demo", "version": "1", "store": str(store.root), "dry_run": False}
     with pytest.raises(PapermillExecutionError, match="different content"):
@@ -83,21 +92,67 @@ def test_deploy_refuses_a_reused_version_label_with_other_content(store, runs, t
     assert store.current("demo") == "1"
 
 
+def _outputs(executed) -> str:
+    nb = nbformat.read(executed, as_version=4)
+    return "".join(o.get("text", "") + str(o.get("evalue", "")) for c in nb.cells for o in c.get("outputs", []))
+
+
 def test_rollback_runbook_dry_run_then_real_then_idempotent(store, runs):
     store.promote("demo", "2", reason="test: force the weak version live")
     base = {"name": "demo", "store": str(store.root)}
 
-    execute("rollback", base, runs_dir=runs)
+    dry = execute("rollback", base, runs_dir=runs)
     assert store.current("demo") == "2"
+    assert "-p to_version 1" in _outputs(dry)  # the real run's command, target pinned
 
     before = _history_len(store)
-    execute("rollback", {**base, "dry_run": False}, runs_dir=runs)
+    with pytest.raises(PapermillExecutionError, match="not pinned") as refused:  # a re-run would roll back further
+        execute("rollback", {**base, "dry_run": False, "reason": "test"}, runs_dir=runs)
+    assert "-p to_version 1" in str(refused.value) and store.current("demo") == "2"
+    with pytest.raises(PapermillExecutionError, match="needs a reason"):
+        execute("rollback", {**base, "dry_run": False, "to_version": "1"}, runs_dir=runs)
+    assert _history_len(store) == before and store.current("demo") == "2"
+
+    pinned = {**base, "dry_run": False, "to_version": "1", "reason": "test: weak answers"}
+    execute("rollback", pinned, runs_dir=runs)
     assert store.current("demo") == "1"
     assert store.history("demo")[-1]["action"] == "rollback" and _history_len(store) == before + 1
 
-    execute("rollback", {**base, "dry_run": False, "to_version": "1"}, runs_dir=runs)
-    assert _history_len(store) == before + 1  # already at the target: nothing done
-    assert len(list(runs.glob("*-rollback.ipynb"))) == 3
+    again = execute("rollback", pinned, runs_dir=runs)  # the same command after success: nothing changes
+    assert _history_len(store) == before + 1 and "already current" in _outputs(again)
+
+
+def test_rollback_runbook_aborts_an_active_canary_first_or_refuses_by_parameter(store, runs):
+    from aieng.store.canary_record import read_canary, set_canary
+
+    store.promote("demo", "2", reason="test: a version to roll back from")
+    set_canary(store, "demo", "1", 0.1, reason="test: a canary in progress")
+    params = {"name": "demo", "store": str(store.root), "dry_run": False, "to_version": "1", "reason": "test"}
+
+    with pytest.raises(PapermillExecutionError, match="abort_canary=False"):
+        execute("rollback", {**params, "abort_canary": False}, runs_dir=runs)
+    assert store.current("demo") == "2" and read_canary(store, "demo") is not None
+
+    execute("rollback", params, runs_dir=runs)
+    assert store.current("demo") == "1" and read_canary(store, "demo") is None
+    cleared, rolled = store.history("demo")[-2:]
+    assert cleared["action"] == "canary_cleared" and cleared["reason"] == "canary aborted: rollback: test"
+    assert rolled["action"] == "rollback" and rolled["to"] == "1"
+
+
+def test_rollback_runbook_checks_the_server_before_it_writes(store, runs, monkeypatch):
+    from aieng.bench.server_process import free_port
+
+    store.promote("demo", "2", reason="test: a version to roll back from")
+    params = {"name": "demo", "store": str(store.root), "dry_run": False, "to_version": "1", "reason": "test"}
+    closed = f"http://127.0.0.1:{free_port()}"
+    monkeypatch.delenv("AIENG_ADMIN_TOKEN", raising=False)
+    with pytest.raises(PapermillExecutionError, match="AIENG_ADMIN_TOKEN is unset"):
+        execute("rollback", {**params, "server_url": closed}, runs_dir=runs)
+    monkeypatch.setenv("AIENG_ADMIN_TOKEN", "t")
+    with pytest.raises(PapermillExecutionError, match="does not answer"):
+        execute("rollback", {**params, "server_url": closed}, runs_dir=runs)
+    assert store.current("demo") == "2"  # nothing was written
 
 
 def test_rollback_runbook_fails_loudly_without_history(tmp_path, runs):
