@@ -329,8 +329,9 @@ def collected_tiers(request) -> list[dict]:
 
 
 def pytest_configure(config):
-    """Under pytest-xdist (``make test-fast`` runs ``-n 2``) each worker gets one torch thread:
-    two workers of two threads each on two cores meet at torch's barriers and wait on each other."""
+    """Under pytest-xdist (``make test-fast`` runs ``-n auto``: a worker per core) each worker gets
+    one torch thread: workers of several threads each on shared cores meet at torch's barriers and
+    wait on each other."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
         import torch
 

@@ -242,7 +242,7 @@ def abort_canary(
     Why a reason is required: an abort is an operator's override of a release in progress, and
     history must say why, as it does for ``--force``."""
     if not reason.strip():
-        raise ConfigError("aborting a canary needs a reason (it is recorded in history.jsonl)")
+        raise ConfigError("aborting a canary needs a reason (--reason WHY): it is recorded in history.jsonl")
     event = clear_canary(store, name, reason=f"canary aborted: {reason}", actor=actor)
     if event is None:
         log(f"{name}: no canary in the store: nothing to abort")

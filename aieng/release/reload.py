@@ -44,6 +44,21 @@ def worker_canaries(base_url: str) -> dict[str, tuple[str, float]]:
     }
 
 
+def check_reloadable(base_url: str, token: str | None = None) -> None:
+    """Before a store write that a server must follow: the admin token is set and the server
+    answers ``/health/live``. A store that moved while its server cannot follow is worse than
+    neither moving, so a runbook calls this first; raises ConfigError saying what to fix."""
+    token = token if token is not None else os.environ.get("AIENG_ADMIN_TOKEN", "")
+    if not token:
+        raise ConfigError("AIENG_ADMIN_TOKEN is unset: the hot swap would fail after the store moved")
+    try:
+        live = httpx.get(f"{base_url.rstrip('/')}/health/live", timeout=10).status_code
+    except httpx.HTTPError as exc:
+        raise ConfigError(f"{base_url} does not answer ({exc}): fix the URL, or run without server_url") from None
+    if live != 200:
+        raise ConfigError(f"{base_url}/health/live answers {live}: the server is not live")
+
+
 def admin_reload(
     base_url: str, token: str | None = None, *, timeout_s: float = 600.0, version: str | None = None
 ) -> dict:

@@ -7,6 +7,7 @@ or failed, so the record of a failed deploy is kept too.
 
 from __future__ import annotations
 
+import shlex
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -49,3 +50,12 @@ def execute(
         exc.executed_path = output
         raise
     return output
+
+
+def command_line(runbook: str, **parameters) -> str:
+    """The papermill command that runs ``runbook`` with ``parameters`` (empty and None ones left
+    out), ready to paste: what a pre-check prints so that the real run, or an undo, is one copy away."""
+    given = {key: value for key, value in parameters.items() if value not in ("", None)}
+    args = " ".join(f"-p {key} {shlex.quote(str(value))}" for key, value in given.items())
+    runs = f"runbooks/runs/$(date -u +%Y%m%dT%H%M%SZ)-{runbook}.ipynb"
+    return f"papermill runbooks/{runbook}.ipynb {runs} {args}"

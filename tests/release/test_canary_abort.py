@@ -35,7 +35,7 @@ def test_abort_clears_the_canary_with_its_reason_and_a_second_abort_does_nothing
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--abort"], "needs --reason"),
+        (["--abort"], "needs a reason (--reason WHY)"),
         (["2", "--abort", "--reason", "x"], "takes no version"),
         ([], "give the version and the server"),
         (["2"], "give the version and the server"),
