@@ -16,8 +16,10 @@ export TRANSFORMERS_OFFLINE := 1
 # Some hosts set PYTHONDONTWRITEBYTECODE=1; then every process (each test run, each server worker)
 # compiles every module from source again and pytest rewrites every test's asserts again.
 unexport PYTHONDONTWRITEBYTECODE
-# The cost tiers of tests/conftest.py: the first runs on every core, one torch thread per worker
-# (tests/conftest.py); servers, notebooks and timing bounds run one at a time.
+# The cost tiers of tests/conftest.py that make test-fast selects; it runs them on every core, one
+# torch thread per worker (tests/conftest.py). make test runs everything in one process: its servers
+# and notebooks compile with the torch threads a server has, and so reuse the compile cache the
+# tests before them filled (a worker of one thread compiles other kernels).
 FAST_TIERS := not server and not notebook and not perf
 PYTEST := $(BIN)/python -m pytest -p no:cacheprovider
 
@@ -75,8 +77,7 @@ serve: demo
 test: $(DEV_STAMP) demo audit
 	@if command -v promtool >/dev/null; then promtool check rules deploy/prometheus/alerts.yml; \
 	  else echo "promtool not found: alert rules unchecked (apt-get install prometheus)"; fi
-	$(PYTEST) tests -m "$(FAST_TIERS)" -n auto --dist loadfile --durations=10
-	$(PYTEST) tests --nbval-lax notebooks -m "not ($(FAST_TIERS))" --durations=25
+	$(PYTEST) tests --nbval-lax notebooks --durations=25
 
 # While iterating: every test but those that start a real server, run a notebook or assert a timing
 # bound (the cost tiers of tests/conftest.py); `make test` runs them all.

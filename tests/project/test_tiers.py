@@ -127,7 +127,5 @@ def test_the_markers_are_registered_and_make_test_fast_selects_by_them():
     assert re.search(rf"^FAST_TIERS := {FAST}$", makefile, re.MULTILINE)
     recipe = re.search(r"^test-fast:.*\n((?:\t.*\n)+)", makefile, re.MULTILINE).group(1)
     assert recipe.splitlines() == ['\t$(PYTEST) tests -m "$(FAST_TIERS)" -n auto --dist loadfile --durations=10']
-    # make test: the same run, then everything else (the complement), notebooks included: all of it
-    everything = re.search(r"^test:.*\n((?:\t.*\n)+)", makefile, re.MULTILINE).group(1).splitlines()
-    assert recipe.splitlines()[0] in everything
-    assert '\t$(PYTEST) tests --nbval-lax notebooks -m "not ($(FAST_TIERS))" --durations=25' in everything
+    everything = re.search(r"^test:.*\n((?:\t.*\n)+)", makefile, re.MULTILINE).group(1)
+    assert "$(PYTEST) tests --nbval-lax notebooks" in everything and not re.search(r'\s-m\s+"', everything)  # all

@@ -290,6 +290,7 @@ def test_the_runbooks_hot_swap_the_running_server(server, store, monkeypatch, tm
 
     monkeypatch.setenv("AIENG_ADMIN_TOKEN", TOKEN)
     params = {"name": "demo", "store": str(store.root), "dry_run": False, "server_url": server.base_url}
+    params["reason"] = "test: the runbook swaps the running server"
     execute("rollback", {**params, "to_version": "2"}, runs_dir=tmp_path)
     assert store.current("demo") == "2" and set(worker_versions(server.base_url).values()) == {"2"}
     record = execute("rollback", {**params, "to_version": "1"}, runs_dir=tmp_path).read_text()
