@@ -11,7 +11,7 @@ import logging
 import sys
 
 from aieng import __version__
-from aieng.cli import bench_cmds, demo_cmds, eval_cmd, loadtest_cmd, model_cmds, release_cmds, serve_cmd
+from aieng.cli import bench_cmds, demo_cmds, eval_cmd, loadtest_cmd, model_cmds, release_cmds, serve_cmd, triage_cmd
 from aieng.errors import AiengError
 
 
@@ -31,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench_cmds.add_parser(sub)
     release_cmds.add_parser(sub)
     loadtest_cmd.add_parser(sub)
+    triage_cmd.add_parser(sub)
     return parser
 
 

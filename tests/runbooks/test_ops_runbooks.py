@@ -32,13 +32,26 @@ def test_warmup_verify_fails_loudly_on_the_wrong_model(live_server, tmp_path):
         execute("warmup_verify", {"base_url": live_server.base_url, "expected_model": "demo@7"}, runs_dir=tmp_path)
 
 
-def test_incident_triage_produces_a_diagnosis(live_server, tmp_path):
+def test_incident_triage_produces_a_diagnosis(live_server, session_store, tmp_path):
     import httpx
 
     httpx.post(f"{live_server.base_url}/v1/completions", json={"model": "demo", "prompt": "x", "temperature": -1})
-    executed = execute("incident_triage", {"base_url": live_server.base_url, "window_s": 1}, runs_dir=tmp_path)
-    text = executed.read_text()
-    assert "verdict:" in text and "server alive and ready" in text and "TTFT p99 <= 1.5s" in text
+    params = {"base_url": live_server.base_url, "window_s": 1, "store": str(session_store.root)}
+    text = execute("incident_triage", params, runs_dir=tmp_path).read_text()
+    assert "verdict:" in text and "server answering" in text and "TTFT p99 <= 1.5s" in text
+    assert "demo: current 1, canary none" in text and "recent history:" in text  # what should be serving
+    assert "OK       store agrees with server" in text and "every worker serves 1" in text
+
+
+def test_incident_triage_on_a_dead_server_says_so_and_what_to_run_next(tmp_path):
+    from aieng.bench.server_process import free_port
+
+    closed = f"http://127.0.0.1:{free_port()}"
+    params = {"base_url": closed, "window_s": 1, "name": "demo", "store": str(tmp_path / "store")}
+    text = execute("incident_triage", params, runs_dir=tmp_path).read_text()  # no PapermillExecutionError
+    assert "NOT ANSWERING" in text and "FAIL     server answering" in text
+    assert "systemctl status aieng" in text and "run next: runbooks/rollback.ipynb" in text
+    assert "no metrics: server not answering" in text and "'demo' is not in the store" in text
 
 
 def test_incident_triage_takes_its_thresholds_from_the_alert_rules(live_server, tmp_path):
