@@ -185,7 +185,8 @@ class Settings:
         default="",
         repr=False,
         metadata={  # a secret: never in a repr or a log line
-            "help": "bearer token of the admin routes (POST /admin/reload); empty = the routes do not exist",
+            "help": "bearer token of the admin routes (POST /admin/reload, GET /admin/status); "
+            "empty = the routes do not exist",
             "shown": "(empty)",
         },
     )

@@ -28,12 +28,13 @@ QUANTILES = (50, 90, 99)
 
 
 def parse_slos(items: list[str] | None) -> dict[str, float]:
-    """``["ttft=0.5", "itl=0.05"]`` -> ``{"ttft": 0.5, "itl": 0.05}``; None or empty: the defaults."""
+    """``["ttft=0.5", "itl=0.05"]`` -> ``{"ttft": 0.5, "itl": 0.05}``; None or empty: the defaults.
+    ``ttft:0.5`` is read the same: a papermill parameter line may hold only one ``=``."""
     if not items:
         return dict(DEFAULT_SLOS)
     slos = {}
     for item in items:
-        name, _, value = item.partition("=")
+        name, _, value = item.replace(":", "=", 1).partition("=")
         name = name.strip().lower()
         if name not in SLO_NAMES:
             raise ValueError(f"--slo {item!r}: the name must be one of {SLO_NAMES}")

@@ -44,19 +44,36 @@ def worker_canaries(base_url: str) -> dict[str, tuple[str, float]]:
     }
 
 
-def check_reloadable(base_url: str, token: str | None = None) -> None:
-    """Before a store write that a server must follow: the admin token is set and the server
-    answers ``/health/live``. A store that moved while its server cannot follow is worse than
-    neither moving, so a runbook calls this first; raises ConfigError saying what to fix."""
+def check_reloadable(base_url: str, token: str | None = None, *, model: str | None = None) -> dict:
+    """Before a store write that a server must follow: the admin token is set, the server answers
+    and accepts that token (``GET /admin/status``, read-only), and serves ``model`` when given.
+    A store that moved while its server cannot follow is worse than neither moving, so a runbook
+    calls this first. Returns the answering worker's status; raises ConfigError saying what to fix."""
     token = token if token is not None else os.environ.get("AIENG_ADMIN_TOKEN", "")
     if not token:
         raise ConfigError("AIENG_ADMIN_TOKEN is unset: the hot swap would fail after the store moved")
+    base_url = base_url.rstrip("/")
     try:
-        live = httpx.get(f"{base_url.rstrip('/')}/health/live", timeout=10).status_code
+        live = httpx.get(f"{base_url}/health/live", timeout=10).status_code
+        answer = httpx.get(f"{base_url}/admin/status", headers={"Authorization": f"Bearer {token}"}, timeout=10)
     except httpx.HTTPError as exc:
         raise ConfigError(f"{base_url} does not answer ({exc}): fix the URL, or run without server_url") from None
     if live != 200:
         raise ConfigError(f"{base_url}/health/live answers {live}: the server is not live")
+    if answer.status_code == 404:
+        raise ConfigError(
+            f"{base_url} has no admin routes: it was started without AIENG_ADMIN_TOKEN, so it cannot be "
+            "told to swap; restart it with one, or run without server_url (it follows the store by polling)"
+        )
+    if answer.status_code in (401, 403):
+        raise ConfigError(
+            f"{base_url} refuses this AIENG_ADMIN_TOKEN ({answer.status_code}): "
+            "set the token the server was started with"
+        )
+    status = answer.json()
+    if model is not None and status.get("model") != model:
+        raise ConfigError(f"{base_url} serves {status.get('model')!r}, not {model!r}: wrong server_url?")
+    return status
 
 
 def admin_reload(

@@ -8,7 +8,9 @@ to ``max_wait_s``. Every outcome is written to ``history.jsonl``.
 
 Outside the server on purpose: a watchdog inside a worker would judge only that worker's
 traffic and could die with it; this one reads the merged metrics of every worker, like
-Prometheus does, and is run by the operator (or the deploy runbook) after a release.
+Prometheus does. The operator runs it after a release (``aieng release watch``); the deploy_model
+runbook runs it for ``watch_window_s`` after its own hot swap, or prints the command when that
+parameter is 0 (``aieng release canary`` judges its steps with ``canary_rollout`` instead).
 """
 
 from __future__ import annotations
@@ -110,7 +112,6 @@ def watch(
         raise ValueError(f"{name} has no current version to watch")
     baseline = _baseline(store, name, version)
     max_wait_s = max_wait_s if max_wait_s is not None else 3 * thresholds.window_s
-    start, first = time.monotonic(), scrape(url)
     running: list[float] = []
     checks: list[dict] = []
     quality_drop: list[str] = []
@@ -120,6 +121,9 @@ def watch(
         log(
             f"[watch {name}@{version}] quality probe: {live}" + (f"; regressed: {quality_drop}" if quality_drop else "")
         )
+    # The window opens after the probe: its own short, held-out answers are judged by the probe,
+    # and counted with the users' traffic they would pass for an early-EOS storm.
+    start, first = time.monotonic(), scrape(url)
     while True:
         sleep(interval_s)
         now = scrape(url)

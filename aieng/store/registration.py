@@ -25,6 +25,7 @@ def register(store, source: Path | str, name: str, version: str, *, provenance: 
     check_name(name)
     check_name(version, "version")
     facts = inspect_folder(source)  # refuses pickle, non-causal-LM, remote code, no safetensors
+    check_space(store.root, source)  # before copying gigabytes, not at the last file
     target = store.version_dir(name, version)
 
     def exists(_target: Path) -> StoreError:  # a concurrent register of the same version may win
@@ -58,6 +59,33 @@ def register(store, source: Path | str, name: str, version: str, *, provenance: 
         )
         manifest.write(tmp)
     return manifest
+
+
+SPARE_BYTES = 64 * 2**20  # a disk filled to the last byte fails the next log or history write
+SPARE_SHARE = 0.05  # and a share of the copy's size, for what else writes there meanwhile
+
+
+def check_space(store_root: Path, source: Path) -> tuple[int, int]:
+    """``(bytes a copy of source needs, bytes free where the store writes)``; StoreError when the
+    copy would not leave ``SPARE_SHARE`` of its size and ``SPARE_BYTES`` free. A pre-check, so a runbook refuses
+    before its first write; the copy itself still stops cleanly at a full disk (``_copy_file``)."""
+    source = Path(source)
+    needed = sum(
+        path.stat().st_size
+        for path in source.rglob("*")
+        if path.is_file() and not any(part.startswith(".") for part in path.relative_to(source).parts)
+    )
+    existing = Path(store_root).resolve()
+    while not existing.exists():
+        existing = existing.parent
+    free = shutil.disk_usage(existing).free
+    if free < needed * (1 + SPARE_SHARE) + SPARE_BYTES:
+        raise StoreError(
+            f"registering {source} needs {needed / 2**30:.2f} GiB under {existing}, which has "
+            f"{free / 2**30:.2f} GiB free; free space (df -h {existing}) or use a store on a larger disk "
+            "(--store or AIENG_STORE)"
+        )
+    return needed, free
 
 
 def _copy_file(root: Path, src: str, dst: str) -> str:

@@ -158,3 +158,21 @@ def test_rollback_runbook_checks_the_server_before_it_writes(store, runs, monkey
 def test_rollback_runbook_fails_loudly_without_history(tmp_path, runs):
     with pytest.raises(PapermillExecutionError, match="not in"):
         execute("rollback", {"name": "demo", "store": str(tmp_path / "empty"), "dry_run": False}, runs_dir=runs)
+
+
+def test_deploy_refuses_beside_a_canary_in_progress_before_any_write(tmp_path, runs, demo_model_dir):
+    from aieng.store.canary_record import set_canary
+
+    store = ModelStore(tmp_path / "store")
+    for version in ("1", "2"):
+        store.register(demo_model_dir, "demo", version)
+    store.promote("demo", "1", reason="test: stable")
+    set_canary(store, "demo", "2", 0.1, reason="test: a canary in progress")
+    history = store.history("demo")
+    params = {"source": str(demo_model_dir), "name": "demo", "version": "3", "store": str(store.root)}
+    with pytest.raises(PapermillExecutionError, match="has a canary \\(2\\) in progress") as refused:
+        execute("deploy_model", {**params, "dry_run": False}, runs_dir=runs)
+    assert "aieng release canary demo --abort --reason WHY" in str(refused.value)
+    assert store.versions("demo") == ["1", "2"] and store.history("demo") == history
+    dry = execute("deploy_model", params, runs_dir=runs)  # a dry run reports it and goes on
+    assert "canary 2 at 10%" in _outputs(dry)

@@ -151,3 +151,22 @@ def test_the_chat_template_gets_a_version_that_changes_only_with_its_hash(store,
     second = store.register(changed, "demo", "3").prompt_template
     assert second["version"] == 2 and second["sha256"] != first["sha256"]
     assert store.register(tiny_demo_dir, "demo", "4").prompt_template["version"] == 1  # back to the first
+
+
+def test_the_space_check_counts_what_register_copies_and_refuses_a_disk_too_small(store, tiny_llama, monkeypatch):
+    import shutil
+    from collections import namedtuple
+
+    from aieng.store import registration
+
+    (tiny_llama / ".cache").mkdir()
+    (tiny_llama / ".cache" / "blob.dat").write_bytes(b"x" * 10_000_000)  # hidden: register does not copy it
+    needed, free = registration.check_space(store.root / "not" / "yet", tiny_llama)
+    expected = sum(p.stat().st_size for p in tiny_llama.glob("*") if p.is_file())
+    assert needed == expected and free > needed
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda _: usage(10**9, 10**9, needed))  # a nearly full disk
+    with pytest.raises(StoreError, match="GiB free; free space \\(df -h"):
+        store.register(tiny_llama, "m", "1")
+    assert store.names() == [] or store.versions("m") == []

@@ -1,4 +1,6 @@
-"""Admin routes: ``POST /admin/reload`` (hot-swap this worker to the store's ``current``).
+"""Admin routes: ``POST /admin/reload`` (hot-swap this worker to the store's ``current``) and
+``GET /admin/status`` (what this worker serves; read-only, so a runbook can prove its token works
+before it changes anything).
 
 Installed only when ``AIENG_ADMIN_TOKEN`` is set, so a server started without one has no admin
 surface at all (404). The bearer token is compared in constant time (``hmac.compare_digest``):
@@ -9,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import os
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -25,6 +28,20 @@ def check_token(header: str | None, token: str) -> None:
 
 
 def install_admin_routes(app: FastAPI, runtime) -> None:
+    @app.get("/admin/status")
+    async def status(request: Request):
+        """This worker's model, version, canary and last hot swap. Changes nothing: its use is a
+        pre-check that the caller's token is the server's before a store write the server must follow."""
+        check_token(request.headers.get("authorization"), runtime.settings.admin_token)
+        swap = runtime.swapper.last
+        return {
+            "model": runtime.model_name,
+            "version": runtime.model_version,
+            "pid": os.getpid(),
+            "canary": runtime.swapper.canary.describe() if runtime.canary is not None else None,
+            "swap": swap.to_dict() if swap is not None else None,
+        }
+
     @app.post("/admin/reload")
     async def reload(request: Request):
         """Swap this worker to the store's ``current`` now and answer when done (other workers

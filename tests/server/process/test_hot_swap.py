@@ -200,6 +200,11 @@ def test_admin_routes_need_the_token(server):
     assert httpx.post(url, headers={"Authorization": "Basic abc"}).status_code == 401
     wrong = httpx.post(url, headers={"Authorization": "Bearer nope"})
     assert wrong.status_code == 403 and wrong.json()["error"]["code"] == "forbidden"
+    status = f"{server.base_url}/admin/status"
+    assert httpx.get(status).status_code == 401
+    assert httpx.get(status, headers={"Authorization": "Bearer nope"}).status_code == 403
+    worker = httpx.get(status, headers=AUTH).json()  # read-only: what the answering worker serves
+    assert worker["model"] == "demo" and worker["version"] == "1" and worker["pid"] > 0 and worker["canary"] is None
     models = httpx.get(f"{server.base_url}/v1/models")
     card = models.json()["data"][0]
     assert models.headers["x-model-version"] == card["version"] == "1" and card["template_version"] == 1
@@ -329,3 +334,4 @@ def test_admin_routes_are_absent_without_a_token(inprocess_demo):
     """The served app without AIENG_ADMIN_TOKEN (in-process: the routes are the app's business)."""
     assert not inprocess_demo.runtime.settings.admin_token
     assert inprocess_demo.post("/admin/reload", headers=AUTH).status_code == 404
+    assert inprocess_demo.get("/admin/status", headers=AUTH).status_code == 404
