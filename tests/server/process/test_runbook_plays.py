@@ -118,6 +118,14 @@ def test_a_hot_swap_that_fails_after_promotion_prints_the_undo_and_the_undo_rest
     assert store.current("demo") == "1" and set(worker_versions(server.base_url).values()) == {"1"}
     assert store.history("demo")[-1]["reason"] == "undo deploy of 5: hot swap failed"
 
+    # The same failure reached by a rollback (to a version that was current once): retry and undo printed.
+    rollback = {**at_version_1, "to_version": "5", "reason": "test: back to 5"}
+    with pytest.raises(PapermillExecutionError, match="the server refused 5") as failed:
+        execute("rollback", rollback, runs_dir=tmp_path)
+    record = outputs(failed.value.executed_path)
+    assert "FAILED: the store says demo@5, but the hot swap" in record and "-p to_version 1" in record
+    assert store.current("demo") == "5" and set(worker_versions(server.base_url).values()) == {"1"}
+
 
 def test_a_gate_refusal_then_a_rerun_with_a_reason_completes_the_deploy(at_version_1, store, server, tmp_path):
     """A re-run after a partial failure: registered and evaluated by the first run, refused by the gate;
@@ -181,3 +189,20 @@ def test_the_canary_runbook_aborts_a_canary_in_progress_once(at_version_1, store
     history = store.history("demo")
     again = outputs(execute("canary_release", params, runs_dir=tmp_path))  # the same command after success
     assert "no canary in progress: nothing to abort" in again and store.history("demo") == history
+
+
+def test_the_canary_runbook_checks_the_server_and_token_before_it_writes(at_version_1, store, tmp_path):
+    from aieng.store.canary_record import read_canary
+
+    with_eval(store, "1")
+    with_eval(store, "2")
+    params = {**at_version_1, "version": "2", "steps": "50,100", "interval_s": 1}
+    history = store.history("demo")
+    closed = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(PapermillExecutionError, match="does not answer"):
+        execute("canary_release", {**params, "server_url": closed}, runs_dir=tmp_path)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("AIENG_ADMIN_TOKEN", "")
+        with pytest.raises(PapermillExecutionError, match="AIENG_ADMIN_TOKEN is unset"):
+            execute("canary_release", params, runs_dir=tmp_path)
+    assert store.history("demo") == history and read_canary(store, "demo") is None
