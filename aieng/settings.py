@@ -112,6 +112,11 @@ class Settings:
         "a worker whose resident memory passes this retires the same lossless "
         "way (gunicorn starts a fresh one); 0 = no limit",
     )
+    slo_e2e_p99_s: float = _setting(
+        30.0,
+        "end-to-end p99 latency objective of generation requests, seconds; exported as "
+        "aieng_slo_e2e_p99_seconds, which the AiengE2ELatencyP99High alert compares with: set your service's",
+    )
     graceful_timeout_s: int = _setting(30, "after SIGTERM, in-flight requests get this long to finish")
     step_timeout_s: float = _setting(
         120.0,

@@ -147,6 +147,11 @@ class Engine:
             prefill_s=self._last.prefill_s,
             decode_s=self._last.decode_s,
             decoded_rows=len(decoding),
+            prefill_tokens=sum(len(c.token_ids) for c in chunks),
+            kv_rows=len(self.rows),
+            kv_rows_total=self.max_rows,
+            kv_tokens=sum(len(row.request.prompt_ids) + len(row.generated) for row in self.rows.values()),
+            kv_tokens_total=self.max_rows * self.context_length,
             oom_splits={k: n - splits[k] for k, n in self.runner.oom_splits.items() if n > splits[k]},
         )
 

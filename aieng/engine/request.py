@@ -69,4 +69,9 @@ class StepResult:
     prefill_s: float | None = None  # None: nobody joined this step
     decode_s: float | None = None  # None: no row was decoded
     decoded_rows: int = 0  # rows in the decode step (the batch size the metrics observe)
+    prefill_tokens: int = 0  # prompt tokens prefilled in this step (chunks, unpadded)
+    kv_rows: int = 0  # rows holding KV cache after the step, of ``kv_rows_total`` the engine holds now
+    kv_rows_total: int = 0
+    kv_tokens: int = 0  # tokens those rows keep in the cache, of ``kv_rows_total`` x the context length
+    kv_tokens_total: int = 0
     oom_splits: dict[str, int] = field(default_factory=dict)  # phase -> out-of-memory splits in this step

@@ -64,23 +64,24 @@ class LoadedModel:
 def load_version(store: ModelStore, ref: ModelRef, config: LoadConfig = LoadConfig()) -> LoadedModel:
     """Verify every hash of ``ref`` and load it; failures are counted and re-raised unchanged."""
     start = time.perf_counter()
-    for code in ("verification_failed", "insufficient_memory", "model_not_found"):
-        MODEL_LOAD_ERRORS.labels(model=ref.name, code=code)  # export zeros so rate() works from the start
+    version = ref.version or "-"  # the label of a failure to resolve ``current``
     try:
         version = store.resolve(ref)
+        for code in ("verification_failed", "insufficient_memory", "internal_error"):
+            MODEL_LOAD_ERRORS.labels(model=ref.name, version=version, code=code)  # zeros: rate() works from the start
         resolved = ModelRef(ref.name, version)
         store.verify_or_raise(resolved)
         path = store.version_dir(ref.name, version)
         manifest = Manifest.read(path)
         loaded = _load(path, label=str(resolved), num_parameters=manifest.num_parameters, config=config)
     except AiengError as exc:
-        MODEL_LOAD_ERRORS.labels(model=ref.name, code=exc.code).inc()
+        MODEL_LOAD_ERRORS.labels(model=ref.name, version=version, code=exc.code).inc()
         raise
     except Exception:
-        MODEL_LOAD_ERRORS.labels(model=ref.name, code="internal_error").inc()
+        MODEL_LOAD_ERRORS.labels(model=ref.name, version=version, code="internal_error").inc()
         raise
     elapsed = time.perf_counter() - start
-    MODEL_LOAD_SECONDS.labels(model=ref.name).observe(elapsed)
+    MODEL_LOAD_SECONDS.labels(model=ref.name, version=version).observe(elapsed)
     loaded.name, loaded.version, loaded.manifest, loaded.load_seconds = ref.name, version, manifest, elapsed
     return loaded
 

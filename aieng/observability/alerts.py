@@ -60,6 +60,8 @@ class TriageThresholds:
     early_eos_rate: float  # AiengAbnormalEarlyEOS: share of finished requests that hit EOS early
     host_memory_used: float  # AiengHostMemoryHigh: share of host memory in use
     queue_saturation: float  # AiengQueueSaturated: waiting requests over queue capacity
+    client_abort_rate: float  # AiengClientAbortRate: share of requests whose client left before the end
+    kv_full_share: float  # AiengKVCachePressure: share of steps ending with every KV row taken, requests waiting
 
 
 TRIAGE_ALERTS = {
@@ -68,6 +70,8 @@ TRIAGE_ALERTS = {
     "early_eos_rate": "AiengAbnormalEarlyEOS",
     "host_memory_used": "AiengHostMemoryHigh",
     "queue_saturation": "AiengQueueSaturated",
+    "client_abort_rate": "AiengClientAbortRate",
+    "kv_full_share": "AiengKVCachePressure",
 }
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import httpx
 
-from aieng.observability.scrape import Snapshot, delta, parse
+from aieng.observability.scrape import Snapshot, delta, histogram_quantile, parse
 from aieng.store import ModelStore
 from aieng.store.canary_record import read_canary
 
@@ -82,6 +82,17 @@ class Observation:
     memory_used: float  # share of host memory in use at the second scrape
     early_eos: float  # share of finished generations that stopped early
     served: dict[str, str]  # pid -> version, from aieng_model_info
+    e2e_p99_s: float = 0.0  # generation requests, start to last token
+    e2e_objective_s: float = 0.0  # aieng_slo_e2e_p99_seconds (AIENG_SLO_E2E_P99_S); 0 when not exported
+    aborts: dict[str, float] = field(default_factory=dict)  # phase -> clients that left before the end
+    kv_rows: tuple[float, float] = (0.0, 0.0)  # KV cache rows used, held (second scrape)
+    kv_full_share: float = 0.0  # share of steps that ended with every KV row taken while requests waited
+    output_tokens_p50: float = 0.0  # tokens per finished request
+
+    @property
+    def abort_rate(self) -> float:
+        left = sum(self.aborts.values())
+        return left / (self.finished + left) if self.finished + left else 0.0
 
     @property
     def server_errors(self) -> float:
@@ -110,9 +121,16 @@ def observe(before: Snapshot, after: Snapshot, seconds: float) -> Observation:
     window = delta(before, after)
     finished = window.value("aieng_requests_finished_total")
 
-    def p99(histogram: str) -> float:
-        value = window.quantile(histogram, 0.99)
+    def quantile(histogram: str, q: float = 0.99, **labels) -> float:
+        value = window.quantile(histogram, q, **labels)
         return value if value == value else 0.0  # NaN: no samples in the window
+
+    steps = window.value("aieng_step_tokens_count")
+    merged: dict[float, float] = {}  # generation routes only: a health probe is not a request a user waits for
+    for route in ("/v1/completions", "/v1/chat/completions"):
+        for bound, count in window.buckets("aieng_request_duration_seconds", route=route):
+            merged[bound] = merged.get(bound, 0.0) + count
+    e2e_p99 = histogram_quantile(0.99, sorted(merged.items()))
 
     return Observation(
         seconds=seconds,
@@ -120,7 +138,7 @@ def observe(before: Snapshot, after: Snapshot, seconds: float) -> Observation:
         finished=finished,
         http_codes={k: v for k, v in sorted(window.by_label("aieng_requests_total", "code").items()) if v},
         error_codes={k: v for k, v in sorted(window.by_label("aieng_request_errors_total", "code").items()) if v},
-        p99_s={layer: p99(histogram) for layer, histogram in LAYERS.items()},
+        p99_s={layer: quantile(histogram) for layer, histogram in LAYERS.items()},
         running=after.value("aieng_requests_running"),
         waiting=after.value("aieng_requests_waiting"),
         queue_capacity=after.value("aieng_queue_capacity"),
@@ -132,6 +150,14 @@ def observe(before: Snapshot, after: Snapshot, seconds: float) -> Observation:
             for (name, labels), value in after.samples.items()
             if name == "aieng_model_info" and value == 1
         },
+        e2e_p99_s=e2e_p99 if e2e_p99 == e2e_p99 else 0.0,
+        e2e_objective_s=max(
+            (v for (name, _), v in after.samples.items() if name == "aieng_slo_e2e_p99_seconds"), default=0.0
+        ),
+        aborts={k: v for k, v in sorted(window.by_label("aieng_client_aborts_total", "phase").items()) if v},
+        kv_rows=(after.value("aieng_kv_cache_rows_used"), after.value("aieng_kv_cache_rows_total")),
+        kv_full_share=window.value("aieng_kv_cache_full_steps_total") / steps if steps else 0.0,
+        output_tokens_p50=quantile("aieng_output_tokens", 0.5),
     )
 
 

@@ -6,7 +6,8 @@ Buckets are chosen for LLM work and documented with each family:
 - ``STEP_BUCKETS`` (decode step, inter-token latency): 1 ms … 2.5 s, a decode step of a small
   model on CPU is milliseconds, a large one on a loaded host is hundreds;
 - ``LOAD_BUCKETS`` (model load): 0.1 s … 10 min;
-- ``BATCH_BUCKETS`` (rows per step): powers of two up to 256.
+- ``BATCH_BUCKETS`` (rows per step): powers of two up to 256;
+- ``TOKEN_BUCKETS`` (output tokens per request, tokens per engine step): powers of two up to 16k.
 """
 
 from __future__ import annotations
@@ -20,13 +21,17 @@ LOAD_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600)
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.35, 0.5, 0.75, 1, 1.5, 2.5, 5, 10, 20, 30, 60)
 STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1, 2.5)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 
 # -- model (loading) ------------------------------------------------------------------------------
 MODEL_LOAD_SECONDS = Histogram(
-    "aieng_model_load_seconds", "Time to verify and load a model version, seconds.", ["model"], buckets=LOAD_BUCKETS
+    "aieng_model_load_seconds",
+    "Time to verify and load a model version, seconds.",
+    ["model", "version"],
+    buckets=LOAD_BUCKETS,
 )
 MODEL_LOAD_ERRORS = Counter(
-    "aieng_model_load_errors_total", "Model loads that failed, by error code.", ["model", "code"]
+    "aieng_model_load_errors_total", "Model loads that failed, by version and error code.", ["model", "version", "code"]
 )
 # One sample per live worker (``pid`` label): after a hot swap every worker must show the new
 # version with 1 (the old one with 0), and ``aieng model promote --reload`` checks exactly that.
@@ -83,6 +88,27 @@ DECODE_STEP_SECONDS = Histogram(
     "aieng_decode_step_seconds", "Duration of one decode step for the whole batch, seconds.", buckets=STEP_BUCKETS
 )
 BATCH_SIZE = Histogram("aieng_batch_size", "Rows in the batch at each decode step.", buckets=BATCH_BUCKETS)
+STEP_TOKENS = Histogram(
+    "aieng_step_tokens",
+    "Tokens one engine step processed: prompt tokens prefilled plus rows decoded.",
+    buckets=TOKEN_BUCKETS,
+)
+# KV cache occupancy, summed over workers: rows (one per running sequence) and the tokens they keep,
+# each against what the engines hold. Rows full while requests wait is the KV pressure signal.
+KV_ROWS_USED = Gauge(
+    "aieng_kv_cache_rows_used", "KV cache rows held by running sequences.", multiprocess_mode="livesum"
+)
+KV_ROWS_TOTAL = Gauge("aieng_kv_cache_rows_total", "KV cache rows the engines hold.", multiprocess_mode="livesum")
+KV_TOKENS_USED = Gauge(
+    "aieng_kv_cache_tokens_used", "Tokens kept in the KV cache by running sequences.", multiprocess_mode="livesum"
+)
+KV_TOKENS_TOTAL = Gauge(
+    "aieng_kv_cache_tokens_total", "KV cache rows held times the context length.", multiprocess_mode="livesum"
+)
+KV_FULL_STEPS = Counter(
+    "aieng_kv_cache_full_steps_total",
+    "Engine steps that ended with every KV cache row taken while requests waited for one.",
+)
 REQUESTS_RUNNING = Gauge("aieng_requests_running", "Requests in the running batch.", multiprocess_mode="livesum")
 REQUESTS_WAITING = Gauge("aieng_requests_waiting", "Requests waiting to join the batch.", multiprocess_mode="livesum")
 TOKENS_PER_SECOND = Gauge(
@@ -110,6 +136,16 @@ REQUEST_ERRORS = Counter(
 REQUESTS_FINISHED = Counter(
     "aieng_requests_finished_total", "Generations that finished, by finish reason.", ["finish_reason", "version"]
 )
+OUTPUT_TOKENS = Histogram(
+    "aieng_output_tokens", "Tokens generated per finished request.", ["version"], buckets=TOKEN_BUCKETS
+)
+CLIENT_ABORTS = Counter(
+    "aieng_client_aborts_total",
+    "Requests whose client left before the end (disconnected, or read its stream too slowly), by the "
+    "phase the request was in: queued, prefill (admitted, no token yet) or decode.",
+    ["phase", "version"],
+)
+ABORT_PHASES = ("queued", "prefill", "decode")
 EOS_EARLY = Counter(
     "aieng_eos_early_total",
     "Generations that hit EOS within their first 10 tokens while max_tokens allowed more.",
@@ -133,6 +169,11 @@ OOM_DEGRADED = Counter(
     ["version"],
 )
 QUEUE_CAPACITY = Gauge("aieng_queue_capacity", "max_queue of a worker.", multiprocess_mode="livesum")
+SLO_E2E_P99 = Gauge(
+    "aieng_slo_e2e_p99_seconds",
+    "The end-to-end p99 latency objective of generation requests (AIENG_SLO_E2E_P99_S); alerts compare with it.",
+    multiprocess_mode="max",
+)
 TOKENS_PER_SECOND_BASELINE = Gauge(
     "aieng_tokens_per_second_baseline",
     "Decode tokens/s from the manifest's performance_baseline (0 if none).",
@@ -220,6 +261,7 @@ def record_finished(event, *, max_tokens: int, version: str) -> None:
     if event.error is not None:
         return
     REQUESTS_FINISHED.labels(finish_reason=event.finish_reason, version=version).inc()
+    OUTPUT_TOKENS.labels(version=version).observe(event.completion_tokens)
     PROMPT_TOKENS.labels(version=version).inc(event.prompt_tokens)
     GENERATION_TOKENS.labels(version=version).inc(event.completion_tokens)
     if getattr(event, "finish_cause", None) == "out_of_memory":  # the degraded mode's ending (engine/oom.py)
@@ -230,6 +272,11 @@ def record_finished(event, *, max_tokens: int, version: str) -> None:
         and max_tokens > EARLY_EOS_TOKENS
     ):
         EOS_EARLY.labels(version=version).inc()
+
+
+def count_abort(phase: str, version: str) -> None:
+    """``aieng_client_aborts_total{phase, version}``: a client left before its request finished."""
+    CLIENT_ABORTS.labels(phase=phase, version=version).inc()
 
 
 def count_error(code: str) -> None:
@@ -245,6 +292,8 @@ def zero_series(version: str, error_codes) -> None:
     for phase in ("prefill", "decode"):
         OOM.labels(phase=phase)
     EOS_EARLY.labels(version=version)
+    for phase in ABORT_PHASES:
+        CLIENT_ABORTS.labels(phase=phase, version=version)
     OOM_DEGRADED.labels(version=version)
     GENERATION_TOKENS.labels(version=version)
     PROMPT_TOKENS.labels(version=version)

@@ -69,6 +69,15 @@ class MetricsObserver(StepObserver):
         if step.decode_s is not None:
             m.DECODE_STEP_SECONDS.observe(step.decode_s)
             m.BATCH_SIZE.observe(step.decoded_rows)
+        if step.prefill_s is not None or step.decode_s is not None:
+            m.STEP_TOKENS.observe(step.prefill_tokens + step.decoded_rows)
+        if step.kv_rows_total:
+            m.KV_ROWS_USED.set(step.kv_rows)
+            m.KV_ROWS_TOTAL.set(step.kv_rows_total)
+            m.KV_TOKENS_USED.set(step.kv_tokens)
+            m.KV_TOKENS_TOTAL.set(step.kv_tokens_total)
+            if waiting and step.kv_rows >= step.kv_rows_total:
+                m.KV_FULL_STEPS.inc()
         for phase, splits in step.oom_splits.items():
             m.OOM.labels(phase=phase).inc(splits)
         m.REQUESTS_RUNNING.set(running)
@@ -86,6 +95,8 @@ class MetricsObserver(StepObserver):
             m.update_resource_gauges()
 
     def on_idle(self, waiting: int, now: float) -> None:
+        self.metrics.KV_ROWS_USED.set(0)
+        self.metrics.KV_TOKENS_USED.set(0)
         self.metrics.REQUESTS_RUNNING.set(0)
         self.metrics.REQUESTS_WAITING.set(waiting)
         self.metrics.TOKENS_PER_SECOND.set(0)

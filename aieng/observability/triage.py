@@ -50,7 +50,7 @@ def diagnose(
         findings += _release_findings(health, observed, release)
     if not isinstance(observed, Observation):
         reason = observed or "not measured"
-        checks = ("TTFT p99", "5xx rate", "early EOS", "host memory", "queue")
+        checks = ("TTFT p99", "e2e p99", "5xx rate", "early EOS", "client aborts", "host memory", "queue", "KV cache")
         return findings + [Finding(check, UNKNOWN, f"no metrics: {reason}") for check in checks]
     o = observed
     ttft = o.p99_s["TTFT"]
@@ -63,6 +63,14 @@ def diagnose(
             ttft <= limits.ttft_p99_s,
             f"p99 {ttft * 1000:.0f} ms; slowest before the first token: {slowest} ({o.p99_s[slowest] * 1000:.0f} ms)",
             "queue -> add capacity or shed batch load; prefill -> shorter prompts, lower max_batch_tokens",
+            LOAD_RUNBOOK,
+        ),
+        _judged(
+            f"e2e p99 <= objective {o.e2e_objective_s:g}s",
+            not o.e2e_objective_s or o.e2e_p99_s <= o.e2e_objective_s,
+            f"p99 {o.e2e_p99_s:.2f} s start to last token; median answer {o.output_tokens_p50:.0f} tokens"
+            + ("" if o.e2e_objective_s else " (no objective exported: AIENG_SLO_E2E_P99_S)"),
+            "long answers (lower max_tokens), queueing (TTFT row) or slow steps (decode step p99): add capacity",
             LOAD_RUNBOOK,
         ),
         _judged(
@@ -81,6 +89,14 @@ def diagnose(
             ROLLBACK_RUNBOOK,
         ),
         _judged(
+            f"client aborts <= {limits.client_abort_rate:.0%}",
+            o.abort_rate <= limits.client_abort_rate,
+            f"{o.abort_rate:.1%} of requests left before the end"
+            + (f" ({', '.join(f'{phase} {n:.0f}' for phase, n in o.aborts.items())})" if o.aborts else ""),
+            "users give up: queued -> add capacity; prefill -> long prompts; decode -> slow streams or long answers",
+            LOAD_RUNBOOK,
+        ),
+        _judged(
             f"host memory used <= {limits.host_memory_used:.0%}",
             o.memory_used <= limits.host_memory_used,
             f"{o.memory_used:.1%} in use",
@@ -92,6 +108,15 @@ def diagnose(
             f"{o.running:.0f} running, {o.waiting:.0f} waiting of {o.queue_capacity:.0f}; "
             f"{o.refused:.0f} refused with 429 in {o.seconds:g} s",
             "overloaded: add instances or workers; clients get 429 with Retry-After meanwhile",
+            LOAD_RUNBOOK,
+        ),
+        _judged(
+            f"KV cache full in <= {limits.kv_full_share:.0%} of steps",
+            o.kv_full_share <= limits.kv_full_share,
+            f"{o.kv_rows[0]:.0f} of {o.kv_rows[1]:.0f} rows in use; full with requests waiting in "
+            f"{o.kv_full_share:.0%} of steps",
+            "requests wait for KV rows: raise AIENG_KV_CACHE_MB or AIENG_MAX_BATCH_SIZE if memory allows, "
+            "serve a shorter context, or add workers",
             LOAD_RUNBOOK,
         ),
     ]

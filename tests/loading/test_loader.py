@@ -25,14 +25,14 @@ def _sample(metric, suffix, **labels):
 
 
 def test_load_current_version_records_time(store):
-    before = _sample("aieng_model_load_seconds", "_count", model="tiny")
+    before = _sample("aieng_model_load_seconds", "_count", model="tiny", version="1")
     loaded = load_version(store, ModelRef("tiny"))
     assert loaded.version == "1" and loaded.manifest.version == "1"
     assert loaded.device.type == "cpu" and loaded.dtype == torch.float32
     assert next(loaded.model.parameters()).dtype == torch.float32
     assert not loaded.model.training
     assert loaded.context_length == 512
-    assert _sample("aieng_model_load_seconds", "_count", model="tiny") == before + 1
+    assert _sample("aieng_model_load_seconds", "_count", model="tiny", version="1") == before + 1
 
 
 def test_tampered_weights_are_refused_before_loading(store, monkeypatch):
@@ -47,10 +47,13 @@ def test_tampered_weights_are_refused_before_loading(store, monkeypatch):
         raise AssertionError("weights were read before verification")
 
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", must_not_load)
-    before = _sample("aieng_model_load_errors_total", "", model="tiny", code="verification_failed")
+    before = _sample("aieng_model_load_errors_total", "", model="tiny", version="1", code="verification_failed")
     with pytest.raises(VerificationError, match="model.safetensors"):
         load_version(store, ModelRef("tiny"))
-    assert _sample("aieng_model_load_errors_total", "", model="tiny", code="verification_failed") == before + 1
+    assert (
+        _sample("aieng_model_load_errors_total", "", model="tiny", version="1", code="verification_failed")
+        == before + 1
+    )
 
 
 def test_memory_budget_refuses_with_numbers(store):

@@ -1,8 +1,9 @@
 """Triage on recorded /metrics snapshots and on a server that does not answer.
 
 ``recorded/overload_*.prom`` were scraped from a real 2-worker demo server (``aieng serve
---workers 2 --max-queue 8``) before and after 120 concurrent completions, one invalid request and
-five chat requests: 85 generations finished in the window, 40 requests refused with 429, one 400.
+--workers 2 --max-queue 8 --max-batch-size 8``) before and after 60 concurrent completions, then
+6 streams whose client left after the first token, one invalid request and five chat requests:
+37 generations finished in the window, 28 requests refused with 429, one 400, 6 aborts in decode.
 """
 
 from pathlib import Path
@@ -35,9 +36,12 @@ def ready_health(**body) -> Health:
 
 def test_a_recorded_window_reads_as_the_load_that_made_it(window):
     o = observe(*window, seconds=12)
-    assert o.http_codes["429"] == 40 and o.http_codes["400"] == 1 and o.refused == 40
-    assert o.error_codes == {"invalid_parameter": 1.0, "overloaded": 40.0}
-    assert o.finished == 85 and o.early_eos == pytest.approx(5 / 85)
+    assert o.http_codes["429"] == 28 and o.http_codes["400"] == 1 and o.refused == 28
+    assert o.error_codes == {"invalid_parameter": 1.0, "overloaded": 28.0}
+    assert o.finished == 37 and o.early_eos == pytest.approx(5 / 37)  # the chat answers are short
+    assert o.aborts == {"decode": 6.0} and o.abort_rate == pytest.approx(6 / 43)
+    assert o.kv_rows == (0.0, 16.0) and 0.3 < o.kv_full_share < 0.5  # 8 rows per worker, often all taken
+    assert o.e2e_objective_s == 30.0 and 0 < o.e2e_p99_s < 30 and o.output_tokens_p50 > 16
     assert o.server_errors == 0 and o.error_rate == 0
     assert sorted(o.served.values()) == ["1", "1"]  # two workers, both on version 1
     assert 0 < o.p99_s["queue wait"] and 0 < o.p99_s["TTFT"] and 0 < o.memory_used < 1
@@ -46,7 +50,7 @@ def test_a_recorded_window_reads_as_the_load_that_made_it(window):
 def test_turned_away_clients_fail_the_queue_check_and_point_at_the_load_runbook(window):
     findings = diagnose(ready_health(), observe(*window, seconds=12), LIMITS)
     queue = next(f for f in findings if f.check.startswith("queue"))
-    assert queue.status == FAIL and "40 refused with 429 in 12 s" in queue.detail
+    assert queue.status == FAIL and "28 refused with 429 in 12 s" in queue.detail
     assert queue.runbook == "runbooks/load_test.ipynb" and "add instances" in queue.action
     five_xx = next(f for f in findings if f.check.startswith("5xx"))
     assert five_xx.status == OK and "invalid_parameter x1" in five_xx.detail  # a 400 is not a server error
@@ -59,8 +63,25 @@ def test_server_errors_over_the_alert_threshold_fail_and_name_rollback(window):
     broken[("aieng_requests_total", (("code", "500"), ("route", "/v1/completions"), ("version", "1")))] = 30.0
     findings = diagnose(ready_health(), observe(before, Snapshot(broken), seconds=12), LIMITS)
     five_xx = next(f for f in findings if f.check.startswith("5xx"))
-    assert five_xx.status == FAIL and five_xx.detail.startswith("30 of 157 requests")
+    assert five_xx.status == FAIL and five_xx.detail.startswith("30 of 103 requests")
     assert five_xx.runbook == "runbooks/rollback.ipynb"
+
+
+@pytest.mark.parametrize(
+    ("sample", "value", "check", "detail"),
+    [
+        (("aieng_client_aborts_total", (("phase", "queued"), ("version", "1"))), 30.0, "client aborts", "queued 30"),
+        (("aieng_kv_cache_full_steps_total", ()), 1e6, "KV cache full", "rows in use; full with requests"),
+        (("aieng_slo_e2e_p99_seconds", ()), 0.1, "e2e p99 <= objective 0.1s", "start to last token"),
+    ],
+)
+def test_the_operations_signals_fail_past_their_alert_thresholds(window, sample, value, check, detail):
+    before, after = window
+    moved = dict(after.samples)
+    moved[sample] = value if sample[0] == "aieng_slo_e2e_p99_seconds" else moved.get(sample, 0.0) + value
+    findings = diagnose(ready_health(), observe(before, Snapshot(moved), seconds=12), LIMITS)
+    row = next(f for f in findings if f.check.startswith(check))
+    assert row.status == FAIL and detail in row.detail and row.runbook == "runbooks/load_test.ipynb", table(findings)
 
 
 def test_a_quiet_window_is_healthy(window):

@@ -32,7 +32,7 @@ def test_every_metric_and_only_those_are_documented():
         if isinstance(value, (Counter, Gauge, Histogram)):
             name = value._name
             defined.add(name + "_total" if isinstance(value, Counter) else name)
-    assert set(re.findall(r"`(aieng_[a-z_]+)`", _block("metric-names"))) == defined
+    assert set(re.findall(r"`(aieng_[a-z0-9_]+)`", _block("metric-names"))) == defined
 
 
 def test_every_file_the_docs_name_exists():

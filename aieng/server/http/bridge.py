@@ -155,6 +155,7 @@ class Bridge:
             submission.metrics.flush()
             if submission.final is None:
                 self.scheduler.cancel(submission.request_id)
+                submission.metrics.aborted(submission.queued.stats)
 
     async def result(self, submission: Submission) -> TokenEvent:
         """Wait for the finishing event (cancel the awaiting task to abandon the request)."""

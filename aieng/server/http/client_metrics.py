@@ -40,6 +40,13 @@ class ClientMetrics:
         if event.finished:
             metrics.record_finished(event, max_tokens=self.max_tokens, version=self.version)
 
+    def aborted(self, stats) -> None:
+        """The client left before the end (``stats``: the scheduler's ``RequestStats``): counted by
+        the phase the request was in, as far as the client got: no token yet, admitted or not, or decoding."""
+        if self.enabled:
+            phase = "queued" if stats.admitted_at is None else "prefill" if self._previous is None else "decode"
+            metrics.count_abort(phase, self.version)
+
     def flush(self) -> None:
         if self._gaps:
             metrics.observe_many(metrics.INTER_TOKEN_LATENCY.labels(version=self.version), self._gaps)

@@ -227,6 +227,7 @@ class Runtime:
         self.serving.publish(True)
         set_service(self.model_name, self.model_version)
         metrics.QUEUE_CAPACITY.set(self.config.scheduler.max_queue)
+        metrics.SLO_E2E_P99.set(self.settings.slo_e2e_p99_s)
         baseline = (self.loaded.manifest.performance_baseline or {}) if self.loaded.manifest else {}
         metrics.TOKENS_PER_SECOND_BASELINE.set(float(baseline.get("tokens_per_s") or 0.0))
 
