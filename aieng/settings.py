@@ -154,6 +154,9 @@ class Settings:
         "503; a prompt that does not fit alone still fails",
     )
     metrics: bool = _setting(True, "record Prometheus metrics at /metrics (0 only to measure their cost)")
+    log_step_every: int = _setting(
+        50, "at AIENG_LOG_LEVEL=debug, one engine_step line (rows, tokens, KV rows, step ms) every N steps"
+    )
     log_payload_sample: float = _setting(
         0.0, "share of requests whose prompt and output are logged, in [0, 1]", kind="rate"
     )

@@ -10,6 +10,7 @@ client that has seen a token can already see the gauges that step moved.
 from __future__ import annotations
 
 import collections
+import logging
 import time
 
 
@@ -102,3 +103,38 @@ class MetricsObserver(StepObserver):
         self.metrics.TOKENS_PER_SECOND.set(0)
         self._tokens.clear()
         self._tokens_in_window = 0
+
+
+class StepLog(StepObserver):
+    """At debug level, one ``engine_step`` line every ``every`` steps: rows, prefill tokens, decode
+    rows, KV rows, step milliseconds, running and waiting. Sampled, because a step takes
+    milliseconds and a line per step would be the log's main cost; silent (one level check per
+    step) unless ``AIENG_LOG_LEVEL=debug``."""
+
+    def __init__(self, every: int = 50, *, version: str = ""):
+        from aieng.observability.logs import log_event
+
+        self.log_event = log_event
+        self.log = logging.getLogger("aieng.engine.steps")
+        self.every = max(1, every)
+        self.version = version
+        self.steps = 0
+
+    def on_step(self, step, running: int, waiting: int, now: float) -> None:
+        self.steps += 1
+        if self.steps % self.every or not self.log.isEnabledFor(logging.DEBUG):
+            return
+        self.log_event(
+            self.log,
+            "engine_step",
+            level=logging.DEBUG,
+            step=self.steps,
+            version=self.version,
+            prefill_tokens=step.prefill_tokens,
+            decode_rows=step.decoded_rows,
+            kv_rows=step.kv_rows,
+            kv_rows_total=step.kv_rows_total,
+            step_ms=round(((step.prefill_s or 0.0) + (step.decode_s or 0.0)) * 1000, 3),
+            running=running,
+            waiting=waiting,
+        )

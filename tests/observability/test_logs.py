@@ -111,3 +111,30 @@ def test_payload_sampling_logs_prompt_and_output(inprocess, session_store, caplo
 def test_errors_keep_tracebacks_server_side(two_workers):
     resp = httpx.post(f"{two_workers.base_url}/v1/completions", json={"model": "demo", "prompt": ["a", "b"]})
     assert resp.status_code == 400 and "Traceback" not in resp.text
+
+
+def test_step_lines_are_sampled_at_debug_level_and_silent_above_it(caplog):
+    from aieng.engine.request import StepResult
+    from aieng.observability.observer import StepLog
+
+    steps = StepLog(every=3, version="7")
+    step = StepResult(prefill_s=0.002, decode_s=0.004, decoded_rows=5, prefill_tokens=64, kv_rows=6, kv_rows_total=8)
+    with caplog.at_level(logging.INFO, logger="aieng.engine.steps"):
+        for _ in range(6):
+            steps.on_step(step, running=6, waiting=2, now=0.0)
+    assert not [r for r in caplog.records if r.name == "aieng.engine.steps"]
+    with caplog.at_level(logging.DEBUG, logger="aieng.engine.steps"):
+        for _ in range(6):
+            steps.on_step(step, running=6, waiting=2, now=0.0)
+    lines = [r for r in caplog.records if r.name == "aieng.engine.steps"]
+    assert [r.step for r in lines] == [9, 12]  # one in every 3 steps
+    line = lines[0]
+    assert (line.event, line.version, line.prefill_tokens, line.decode_rows, line.kv_rows, line.kv_rows_total) == (
+        "engine_step",
+        "7",
+        64,
+        5,
+        6,
+        8,
+    )
+    assert line.step_ms == 6.0 and (line.running, line.waiting) == (6, 2)

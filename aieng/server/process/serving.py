@@ -17,7 +17,7 @@ from aieng.engine import Engine
 from aieng.errors import request_error_codes
 from aieng.loading.loader import LoadedModel
 from aieng.observability import metrics
-from aieng.observability.observer import MetricsObserver, StepObserver
+from aieng.observability.observer import MetricsObserver, StepLog, StepObserver
 from aieng.scheduler import EngineLoop, SchedulerConfig
 from aieng.server.http.bridge import Bridge
 from aieng.server.http.inputs import RequestBuilder
@@ -39,6 +39,7 @@ class Serving:
         """Wire the engine to a scheduler thread (not started) and the HTTP side; ``settings``
         (``aieng.settings.Settings``) gives metrics on/off, the stream buffer and the test delay."""
         observers = [MetricsObserver(version=loaded.version)] if settings.metrics else []
+        observers.append(StepLog(settings.log_step_every, version=loaded.version))
         delay_s = step_delay(settings, loaded.version)
         if delay_s > 0:  # AIENG_TEST_STEP_DELAY: a version made slow on purpose, for tests
             observers.append(StepDelay(delay_s))
