@@ -61,7 +61,8 @@ def add_parser(sub) -> None:
         "rate (aieng/release/canary_rollout.py). --max-failed-checks failed checks roll it back "
         "(the canary is unloaded); all steps passed promote it to current. Every step "
         "and the outcome go to history.jsonl. Exit 0 promoted, 1 refused by the gate, "
-        "3 rolled back. With --abort: return all traffic to the stable version now (the canary "
+        "3 rolled back, 5 held (a step never saw --min-step-requests). With --abort: return all "
+        "traffic to the stable version now (the canary "
         "record is cleared, every worker at --url unloads it); a second abort does nothing.",
     )
     p.add_argument("name")
@@ -74,6 +75,25 @@ def add_parser(sub) -> None:
     p.add_argument("--steps", default="1,10,50,100", help="traffic percentages, in order (default 1,10,50,100)")
     p.add_argument("--interval", default="60s", help="seconds per check, e.g. 60s or 2m (default 60s)")
     p.add_argument("--max-failed-checks", type=int, default=2, help="failed checks before rolling back (default 2)")
+    p.add_argument(
+        "--min-step-requests",
+        type=int,
+        default=100,
+        help="canary requests a step needs before it may pass (default 100; a quiet service lowers it)",
+    )
+    p.add_argument("--min-step-time", default="0s", help="and this long at the step's weight (default 0s)")
+    p.add_argument(
+        "--max-step-wait",
+        default=None,
+        help="a step without enough requests this long ends by --on-thin-traffic (default 10 intervals)",
+    )
+    p.add_argument(
+        "--on-thin-traffic",
+        choices=["hold", "rollback", "promote"],
+        default="hold",
+        help="hold: stop there, the canary kept at its weight (exit 5); rollback; promote: pass the step "
+        "anyway, said in the log (default hold)",
+    )
     p.add_argument("--min-success-rate", type=float, default=None, help="default 0.99")
     p.add_argument("--max-latency-ratio", type=float, default=None, help="canary p99 / stable p99 (default 1.5)")
     p.add_argument("--max-ttft-ratio", type=float, default=None, help="default 1.5")
@@ -127,20 +147,20 @@ def _watch(args: argparse.Namespace) -> int:
     return 4
 
 
-def _seconds(text: str) -> float:
+def _seconds(text: str, flag: str = "--interval") -> float:
     units = {"s": 1, "m": 60, "h": 3600}
     text = text.strip().lower()
     try:
         return float(text[:-1]) * units[text[-1]] if text[-1] in units else float(text)
     except (ValueError, IndexError):
-        raise SystemExit(f"--interval {text!r}: give seconds, e.g. 60, 60s or 2m") from None
+        raise SystemExit(f"{flag} {text!r}: give seconds, e.g. 60, 60s or 2m") from None
 
 
 def _canary(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from aieng.errors import ConfigError
-    from aieng.release.canary_rollout import CanaryThresholds, abort_canary, run_canary
+    from aieng.release.canary_rollout import CanaryThresholds, StepEvidence, abort_canary, run_canary
     from aieng.release.sources import PrometheusMetrics
 
     if args.abort:
@@ -166,6 +186,12 @@ def _canary(args: argparse.Namespace) -> int:
         "max_ttft_ratio": args.max_ttft_ratio,
     }
     thresholds = replace(CanaryThresholds(), **{k: v for k, v in overrides.items() if v is not None})
+    evidence = StepEvidence(
+        min_requests=args.min_step_requests,
+        min_seconds=_seconds(args.min_step_time, "--min-step-time"),
+        max_wait_s=_seconds(args.max_step_wait, "--max-step-wait") if args.max_step_wait else None,
+        on_timeout=args.on_thin_traffic,
+    )
     result = run_canary(
         store_from(args),
         args.name,
@@ -175,7 +201,8 @@ def _canary(args: argparse.Namespace) -> int:
         interval_s=_seconds(args.interval),
         max_failed_checks=args.max_failed_checks,
         thresholds=thresholds,
+        evidence=evidence,
         probe=not args.no_probe,
         metrics=PrometheusMetrics(args.prometheus, args.prometheus_selector) if args.prometheus else None,
     )
-    return {"promoted": 0, "refused": 1, "rolled_back": 3}[result.outcome]
+    return {"promoted": 0, "refused": 1, "rolled_back": 3, "held": 5}[result.outcome]

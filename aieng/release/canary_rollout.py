@@ -13,8 +13,12 @@ is loaded at weight 0 for it, so a wrong version is caught before any user meets
 step: the store's canary record gets the step's weight, every worker converges on it (checked on
 ``/metrics``), then one check per ``interval``: ``compare`` on what each version served in it.
 A failed check repeats the step; ``max_failed_checks`` of them abort: the canary is cleared
-(workers unload it), the reason goes to history. The last step passed, the canary is promoted
-through the gate and becomes current (workers adopt its engine as it is).
+(workers unload it), the reason goes to history. A step passes only on evidence
+(``StepEvidence``): a clean check once the canary has served enough requests at that step, for
+long enough; while traffic is too thin the step waits, and past its deadline it ends with the
+decision its policy names (hold, roll back or promote), said and recorded, never a silent pass.
+The last step passed, the canary is promoted through the gate and becomes current (workers adopt
+its engine as it is).
 
 Defaults follow Flagger's (success rate ≥ 99%), with latency judged as a ratio to stable.
 """
@@ -47,6 +51,38 @@ class CanaryThresholds:
     latency_slack_s: float = 0.05  # and at least this much slower: below it, bucket resolution and noise
     min_requests: int = 20  # canary requests a check needs to judge latency (fewer: judged on errors only)
     quality_margin: float = 0.25  # a probe family this far below stable's score fails
+
+
+WAIT, PASS, FAIL, TIMEOUT = "wait", "pass", "fail", "timeout"
+POLICIES = ("hold", "rollback", "promote")
+
+
+@dataclass(frozen=True)
+class StepEvidence:
+    """What a canary step must have seen before it may pass, and what ends a step traffic never
+    fills. Defaults suit a busy service (Flagger and Argo Rollouts also refuse to advance on too
+    few requests); a quiet one lowers ``min_requests`` or accepts a ``promote`` policy, knowingly."""
+
+    min_requests: int = 100  # canary requests over the whole step, all its checks together
+    min_seconds: float = 0.0  # and this long at the step's weight
+    max_wait_s: float | None = None  # then the policy decides; None: 10 check intervals
+    on_timeout: str = "hold"  # hold (stop here, canary kept) | rollback | promote
+
+    def __post_init__(self):
+        if self.on_timeout not in POLICIES:
+            raise ConfigError(f"on_timeout {self.on_timeout!r}: one of {', '.join(POLICIES)}")
+        if self.min_requests < 0 or self.min_seconds < 0:
+            raise ConfigError("a step's minimum requests and seconds are >= 0")
+
+
+def step_verdict(evidence: StepEvidence, requests: int, seconds: float, failures: list, max_wait_s: float) -> str:
+    """One check's verdict on its step: ``fail`` (a rule fired), ``pass`` (clean, and enough
+    requests for long enough), ``timeout`` (clean but thin, past the step's deadline) or ``wait``."""
+    if failures:
+        return FAIL
+    if requests >= evidence.min_requests and seconds >= evidence.min_seconds:
+        return PASS
+    return TIMEOUT if seconds >= max_wait_s else WAIT
 
 
 def compare(canary: Window, stable: Window, thresholds: CanaryThresholds = CanaryThresholds()) -> list[dict]:
@@ -85,7 +121,7 @@ def compare(canary: Window, stable: Window, thresholds: CanaryThresholds = Canar
 
 @dataclass
 class CanaryResult:
-    outcome: str  # promoted | rolled_back | refused
+    outcome: str  # promoted | rolled_back | refused | held (a step's traffic never came; the canary stays)
     rule: str | None = None
     reason: str = ""
     checks: list[dict] = field(default_factory=list)
@@ -101,6 +137,7 @@ def run_canary(
     interval_s: float,
     max_failed_checks: int = 2,
     thresholds: CanaryThresholds = CanaryThresholds(),
+    evidence: StepEvidence = StepEvidence(),
     gate: GateThresholds = GateThresholds(),
     probe: bool = True,
     token: str | None = None,
@@ -154,22 +191,56 @@ def run_canary(
     for who, v in (("canary", version), ("stable", stable)):
         for key, query in promql(v, interval_s, metrics.selector).items():
             log(f"{tag}   {who} {key}: {query}")
+    max_wait_s = evidence.max_wait_s if evidence.max_wait_s is not None else 10 * interval_s
+    log(
+        f"{tag} a step passes on a clean check after {evidence.min_requests} canary requests and "
+        f"{evidence.min_seconds:g} s; past {max_wait_s:g} s without them: {evidence.on_timeout}"
+    )
     failed, reference = 0, None
     for percent in steps:
         set_canary(store, name, version, percent / 100, reason=f"canary step {percent}%")
         _converge(url, version, percent / 100, token, sleep)
+        seen, seconds = 0, 0.0  # the step's evidence so far
         while True:
             windows = metrics.measure([version, stable], interval_s, sleep)
             mine, theirs = windows[version], windows[stable]
+            seen, seconds = seen + mine.requests, seconds + mine.seconds
             reference = theirs if theirs.requests >= thresholds.min_requests else reference or theirs
             failures = compare(mine, reference, thresholds)
-            checks.append({"step": percent, "canary": _brief(mine), "stable": _brief(theirs), "failures": failures})
-            log(
-                f"{tag} {percent:3d}%: canary {mine.requests} requests, stable {theirs.requests}: "
-                + ("ok" if not failures else "; ".join(f"{f['rule']}: {f['message']}" for f in failures))
+            verdict = step_verdict(evidence, seen, seconds, failures, max_wait_s)
+            checks.append(
+                {
+                    "step": percent,
+                    "canary": _brief(mine),
+                    "stable": _brief(theirs),
+                    "failures": failures,
+                    "step_requests": seen,
+                    "verdict": verdict,
+                }
             )
-            if not failures:
+            log(
+                f"{tag} {percent:3d}%: canary {mine.requests} requests ({seen} this step, {seconds:.0f} s), "
+                f"stable {theirs.requests}: "
+                + (
+                    "; ".join(f"{f['rule']}: {f['message']}" for f in failures)
+                    if failures
+                    else {PASS: "ok", WAIT: "clean, waiting for evidence", TIMEOUT: "clean, but too little traffic"}[
+                        verdict
+                    ]
+                )
+            )
+            if verdict == PASS:
                 break
+            if verdict == WAIT:
+                continue
+            if verdict == TIMEOUT:
+                thin = f"{seen} canary requests in {seconds:.0f} s at {percent}% (need {evidence.min_requests})"
+                if evidence.on_timeout == "promote":
+                    log(f"{tag} {percent}%: {thin}: passing by policy (on_timeout=promote)")
+                    break
+                if evidence.on_timeout == "rollback":
+                    return _abort(store, name, version, url, token, "insufficient_traffic", thin, checks, log, sleep)
+                return _hold(store, name, version, percent, thin, checks, log)
             failed += 1
             if failed >= max_failed_checks:
                 return _abort(
@@ -201,6 +272,17 @@ def run_canary(
     )
     log(f"{tag} promoted: {version} is current")
     return CanaryResult("promoted", None, "every step passed", checks)
+
+
+def _hold(store, name, version, percent, why, checks, log) -> CanaryResult:
+    """Stop at this step with the canary kept at its weight: too little traffic to judge is not a
+    verdict. The operator re-runs later, or aborts (``aieng release canary NAME --abort``)."""
+    reason = f"{why}: held at {percent}%; re-run the release later, or abort it"
+    store.record_event(
+        name, {"action": "canary_held", "from": store.current(name), "to": version, "reason": reason, "actor": ACTOR}
+    )
+    log(f"{ACTOR} {name}@{version}: {reason}")
+    return CanaryResult("held", "insufficient_traffic", reason, checks)
 
 
 def _abort(store, name, version, url, token, rule, reason, checks, log, sleep) -> CanaryResult:

@@ -2,7 +2,8 @@
 
 import pytest
 
-from aieng.release.canary_rollout import CanaryThresholds, compare
+from aieng.errors import ConfigError
+from aieng.release.canary_rollout import CanaryThresholds, StepEvidence, compare, step_verdict
 from aieng.release.decision import Window
 
 STABLE = Window(seconds=60, requests=500, errors=0, early_eos=10, latency_p99_s=0.40, ttft_p99_s=0.10)
@@ -47,6 +48,8 @@ def test_a_ratio_below_the_slack_is_noise_not_a_regression():
         (["--steps", "10,50"], "ending at 100"),
         (["--steps", "ten"], "percentages"),
         (["--interval", "soon"], "--interval"),
+        (["--min-step-time", "soon"], "--min-step-time"),
+        (["--max-step-wait", "later"], "--max-step-wait"),
     ],
 )
 def test_bad_canary_flags_are_refused_before_anything_changes(tmp_path, flags, says):
@@ -80,3 +83,27 @@ def test_a_prometheus_that_does_not_answer_is_a_clear_error():
 
     with pytest.raises(RuntimeError, match="did not answer"):
         PrometheusMetrics(f"http://127.0.0.1:{free_port()}", timeout_s=2).query("up")
+
+
+@pytest.mark.parametrize(
+    "requests, seconds, failures, verdict",
+    [
+        (0, 60.0, [], "wait"),  # a clean check with no canary request is no evidence
+        (99, 60.0, [], "wait"),
+        (100, 60.0, [], "pass"),
+        (100, 5.0, [], "wait"),  # enough requests, not yet long enough at the step
+        (40, 300.0, [], "timeout"),  # clean but thin past the deadline: the policy decides
+        (500, 300.0, [{"rule": "latency"}], "fail"),  # a rule that fired is never outweighed
+        (0, 0.0, [{"rule": "success_rate"}], "fail"),
+    ],
+)
+def test_a_step_passes_on_evidence_and_never_silently(requests, seconds, failures, verdict):
+    evidence = StepEvidence(min_requests=100, min_seconds=30, max_wait_s=300)
+    assert step_verdict(evidence, requests, seconds, failures, max_wait_s=300) == verdict
+
+
+def test_step_evidence_refuses_an_unknown_policy_or_negative_minimums():
+    with pytest.raises(ConfigError, match="hold, rollback, promote"):
+        StepEvidence(on_timeout="pass")
+    with pytest.raises(ConfigError, match=">= 0"):
+        StepEvidence(min_requests=-1)

@@ -2,11 +2,13 @@
 version, ``name@V`` pins a version, and a canary that passes becomes stable without a reload."""
 
 import json
+import re
 import uuid
 
 import httpx
 import pytest
 
+from aieng.release.canary_rollout import StepEvidence
 from aieng.release.reload import worker_canaries, worker_versions
 from aieng.server.process.canary_serving import assigned_to_canary
 from aieng.store.canary_record import clear_canary, set_canary
@@ -121,6 +123,9 @@ def failed(load: SteadyLoad, server) -> dict:
     return {"failed": [r for r in load.records if r[0] != 200][:10], "server_errors": errors[-20:]}
 
 
+# The evidence a step needs under these tests' light load (the default, 100 requests, suits a busy service).
+LIGHT = StepEvidence(min_requests=5, max_wait_s=30, on_timeout="rollback")
+
 EVAL = {
     "suite": "demo-heldout-v1",
     "n_per_family": 50,
@@ -145,9 +150,15 @@ def test_release_canary_promotes_a_healthy_version_and_rolls_back_a_wrong_one(
         store.update_manifest(ModelRef("demo", version), eval={**EVAL, "template_sha256": template})
     logs: list[str] = []
     with SteadyLoad(server.base_url) as load:
-        healthy = run_canary(store, "demo", "3", server.base_url, steps=[10, 50, 100], interval_s=1.5, log=logs.append)
-        wrong = run_canary(store, "demo", "4", server.base_url, steps=[10, 50, 100], interval_s=1.5, log=logs.append)
-        slow = run_canary(store, "demo", "5", server.base_url, steps=[10, 50, 100], interval_s=3.0, log=logs.append)
+        healthy = run_canary(
+            store, "demo", "3", server.base_url, steps=[10, 50, 100], interval_s=1.5, evidence=LIGHT, log=logs.append
+        )
+        wrong = run_canary(
+            store, "demo", "4", server.base_url, steps=[10, 50, 100], interval_s=1.5, evidence=LIGHT, log=logs.append
+        )
+        slow = run_canary(
+            store, "demo", "5", server.base_url, steps=[10, 50, 100], interval_s=3.0, evidence=LIGHT, log=logs.append
+        )
     assert healthy.outcome == "promoted" and store.current("demo") == "3", logs
     assert sorted({check["step"] for check in healthy.checks}) == [10, 50, 100]  # a noisy check may repeat a step
     assert wrong.outcome == "rolled_back" and wrong.rule == "quality" and store.current("demo") == "3", logs
@@ -183,7 +194,15 @@ def test_release_canary_judges_by_prometheus_when_given_one_and_prints_its_promq
     logs: list[str] = []
     with SteadyLoad(server.base_url) as load:
         slow = run_canary(
-            store, "demo", "7", server.base_url, steps=[10, 100], interval_s=4.0, metrics=metrics, log=logs.append
+            store,
+            "demo",
+            "7",
+            server.base_url,
+            steps=[10, 100],
+            interval_s=4.0,
+            metrics=metrics,
+            evidence=LIGHT,
+            log=logs.append,
         )
     assert slow.outcome == "rolled_back" and slow.rule in ("latency", "ttft"), logs
     assert {check["step"] for check in slow.checks} == {10}
@@ -214,6 +233,8 @@ def test_the_canary_runbook_dry_runs_then_releases(server, store, monkeypatch, t
         "server_url": server.base_url,
         "steps": "50,100",
         "interval_s": 1.5,
+        "min_step_requests": 5,  # this light load (the default, 100, suits a busy service)
+        "max_step_wait_s": 30.0,
     }
     history = store.history("demo")
     record = execute("canary_release", params, runs_dir=tmp_path).read_text()  # dry_run defaults to True
@@ -225,3 +246,33 @@ def test_the_canary_runbook_dry_runs_then_releases(server, store, monkeypatch, t
     assert all(code == 200 for code, _ in load.records), failed(load, server)
     record = execute("canary_release", {**params, "dry_run": False}, runs_dir=tmp_path).read_text()
     assert "already current" in record and store.current("demo") == "6"  # a re-run is a no-op
+
+
+def test_a_healthy_canary_without_traffic_waits_for_evidence_then_holds(server, store, monkeypatch, demo_model_dir):
+    """No load at all: every check is clean, and none is evidence. The step waits, then holds at
+    its deadline: the canary kept at 1%, history saying why, nothing promoted."""
+    from aieng.release.canary_rollout import run_canary
+    from aieng.store import ModelRef
+    from aieng.store.canary_record import read_canary
+
+    monkeypatch.setenv("AIENG_ADMIN_TOKEN", "test-admin-token")
+    stable = store.current("demo")
+    store.register(demo_model_dir, "demo", "8")
+    template = (store.manifest(ModelRef("demo", "8")).prompt_template or {}).get("sha256")
+    store.update_manifest(ModelRef("demo", "8"), eval={**EVAL, "template_sha256": template})
+    logs: list[str] = []
+    evidence = StepEvidence(min_requests=20, max_wait_s=3.0, on_timeout="hold")
+    try:
+        held = run_canary(
+            store, "demo", "8", server.base_url, steps=[1, 100], interval_s=1.0, evidence=evidence, log=logs.append
+        )
+        assert held.outcome == "held" and held.rule == "insufficient_traffic", logs
+        verdicts = [c["verdict"] for c in held.checks]
+        assert verdicts[-1] == "timeout" and set(verdicts[:-1]) == {"wait"}, held.checks  # waited, then decided
+        assert {c["step"] for c in held.checks} == {1} and store.current("demo") == stable
+        assert read_canary(store, "demo").weight == 0.01  # kept where it stood, for the operator to decide
+        assert store.history("demo")[-1]["action"] == "canary_held"
+        assert any("clean, waiting for evidence" in line for line in logs)
+        assert any(re.search(r"0 canary requests in \d+ s at 1% \(need 20\): held at 1%", line) for line in logs), logs
+    finally:
+        clear_canary(store, "demo", reason="test: done")
