@@ -46,15 +46,26 @@ def filter_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch.
     return logits
 
 
+def limit_overflow(logits: torch.Tensor) -> torch.Tensor:
+    """The distribution's limit where a knob overflowed the float range: a valid but extreme
+    repetition penalty (1e-300 divides a positive logit to +inf) or temperature. Tokens at +inf
+    share the mass, NaN has none; softmax would otherwise give NaN and the draw would raise."""
+    if bool(torch.isfinite(logits).all()):
+        return logits
+    logits = logits.nan_to_num(nan=float("-inf"), posinf=float("inf"), neginf=float("-inf"))
+    top = torch.isposinf(logits)
+    return torch.where(top, 0.0, float("-inf")) if bool(top.any()) else logits
+
+
 def sample_row(
     logits: torch.Tensor, params: SamplingParams, generator: torch.Generator, seen: torch.Tensor | None
 ) -> int:
     """One token for one row. ``logits`` [V] float32."""
     if params.repetition_penalty != 1.0 and seen is not None and seen.numel():
-        logits = apply_repetition_penalty(logits, seen, params.repetition_penalty)
+        logits = limit_overflow(apply_repetition_penalty(logits, seen, params.repetition_penalty))
     if params.greedy:
         return int(logits.argmax())
-    logits = filter_top_k_top_p(logits / params.temperature, params.top_k, params.top_p)
+    logits = filter_top_k_top_p(limit_overflow(logits / params.temperature), params.top_k, params.top_p)
     probs = logits.softmax(-1)
     return int(torch.multinomial(probs, 1, generator=generator))
 

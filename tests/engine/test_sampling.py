@@ -107,3 +107,17 @@ def test_penalties_and_bias_change_what_a_greedy_row_writes(demo, render):
     seven = tokenizer.encode("7", add_special_tokens=False)[0]
     biased = engine.generate([prompt], SamplingParams(max_tokens=6, temperature=0, logit_bias=((seven, 100.0),)))[0]
     assert biased.text == "777777"
+
+
+def test_a_knob_that_overflows_the_float_range_samples_its_limit_instead_of_raising():
+    """A valid but extreme repetition penalty (1e-300: a positive seen logit becomes +inf) or
+    logits already infinite or NaN (a float16 model's overflow): the draw takes the limit of the
+    distribution, the tokens at +inf, rather than failing the request in the sampling."""
+    logits = torch.tensor([3.0, 1.0, -2.0, 0.5])
+    seen = torch.tensor([0, 1])
+    tiny = SamplingParams(temperature=1.0, repetition_penalty=1e-300)
+    draws = {sample_row(logits.clone(), tiny, new_generator(seed, torch.device("cpu")), seen) for seed in range(20)}
+    assert draws == {0, 1}  # both seen tokens overflowed to +inf and share the mass
+    assert sample_row(logits.clone(), replace(tiny, temperature=0.0), new_generator(0, torch.device("cpu")), seen) == 0
+    broken = torch.tensor([float("nan"), float("inf"), 1.0, float("-inf")])
+    assert sample_row(broken, SamplingParams(temperature=0.7), new_generator(1, torch.device("cpu")), None) == 1
