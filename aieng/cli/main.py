@@ -48,6 +48,9 @@ def main(argv: list[str] | None = None) -> int:
     except FileExistsError as exc:
         print(f"aieng: error: {exc}", file=sys.stderr)
         return 1
+    except TimeoutError as exc:  # an OSError, but no traceback: it is a state of the world, not a bug
+        print(f"aieng: error: timed out: {exc}", file=sys.stderr)
+        return 1
     except OSError as exc:
         if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise

@@ -142,11 +142,14 @@ def run_canary(
     probe: bool = True,
     token: str | None = None,
     metrics: ServerMetrics | PrometheusMetrics | None = None,
+    converge_timeout_s: float = 300.0,
     log: Callable[[str], None] = print,
     sleep: Callable[[float], None] = time.sleep,
 ) -> CanaryResult:
     """``url`` is the server (the store's changes reach it through ``/admin/reload``); ``metrics``
-    is where the checks read, the server's ``/metrics`` unless a Prometheus is given."""
+    is where the checks read, the server's ``/metrics`` unless a Prometheus is given. Workers that
+    do not take the canary within ``converge_timeout_s`` (it failed to load: no memory, bad
+    weights) end the release rolled back, the record cleared, not a timeout left behind."""
     metrics = metrics or ServerMetrics(url)
     stable = store.current(name)
     tag = f"[canary {name}@{version}]"
@@ -168,9 +171,17 @@ def run_canary(
         return CanaryResult("refused", decision.rules_fired[0], reason)
     log(f"{tag} release gate passed against {stable}")
     checks: list[dict] = []
+
+    def not_loaded(exc: TimeoutError) -> CanaryResult:
+        why = f"the workers did not load it within {converge_timeout_s:g} s ({exc}); the server log says why"
+        return _abort(store, name, version, url, token, "load", f"load: {why}", checks, log, sleep)
+
     if probe:  # loaded at weight 0: only the probe's pinned requests reach it, no user yet
         set_canary(store, name, version, 0.0, reason="canary loaded for the shadow probe")
-        _converge(url, version, 0.0, token, sleep)
+        try:
+            _converge(url, version, 0.0, token, sleep, converge_timeout_s)
+        except TimeoutError as exc:
+            return not_loaded(exc)
         live, reference = quality_probe(url, f"{name}@{version}"), quality_probe(url, f"{name}@{stable}")
         dropped = regressed(live, reference, thresholds.quality_margin, against="stable")
         log(f"{tag} shadow quality probe: canary {live}, stable {reference}")
@@ -199,7 +210,10 @@ def run_canary(
     failed, reference = 0, None
     for percent in steps:
         set_canary(store, name, version, percent / 100, reason=f"canary step {percent}%")
-        _converge(url, version, percent / 100, token, sleep)
+        try:
+            _converge(url, version, percent / 100, token, sleep, converge_timeout_s)
+        except TimeoutError as exc:
+            return not_loaded(exc)
         seen, seconds = 0, 0.0  # the step's evidence so far
         while True:
             windows = metrics.measure([version, stable], interval_s, sleep)

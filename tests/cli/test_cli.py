@@ -27,6 +27,9 @@ COMMANDS = [
     ["model", "remove"],
     ["release"],
     ["release", "watch"],
+    ["release", "canary"],
+    ["triage"],
+    ["loadtest"],
     ["model", "convert"],
     ["model", "history"],
     ["model", "inspect"],
@@ -123,3 +126,16 @@ def test_pickle_refusal_leaves_the_store_unchanged(tmp_path, tiny_demo_dir):
     result = aieng("model", "register", str(src), "--name", "tiny", "--version", "1", store=store)
     assert result.returncode == 1 and "aieng model convert" in result.stderr
     assert not (store / "tiny" / "versions" / "1").exists()
+
+
+def test_a_timeout_is_one_line_of_error_not_a_traceback(tmp_path):
+    """TimeoutError is an OSError, which main() re-raises unless the disk is full; a release whose
+    workers never converge must still end in one line and exit 1 (the fault is injected: a real
+    one takes the convergence deadline)."""
+    from unittest import mock
+
+    never = TimeoutError("the workers did not converge on canary 2 at 10%")
+    with mock.patch("aieng.release.canary_rollout.abort_canary", side_effect=never):
+        result = aieng("release", "canary", "demo", "--abort", "--reason", "test", store=tmp_path / "store")
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.stderr.strip() == "aieng: error: timed out: the workers did not converge on canary 2 at 10%"

@@ -276,3 +276,34 @@ def test_a_healthy_canary_without_traffic_waits_for_evidence_then_holds(server, 
         assert any(re.search(r"0 canary requests in \d+ s at 1% \(need 20\): held at 1%", line) for line in logs), logs
     finally:
         clear_canary(store, "demo", reason="test: done")
+
+
+def test_a_canary_the_workers_cannot_load_is_rolled_back_not_left_behind(
+    server, store, monkeypatch, demo_model_dir, tmp_path
+):
+    """Hashes fine, weights that do not fit the config: every worker fails to load the canary
+    (logged canary_failed). The release ends rolled back with the record cleared, instead of a
+    timeout that leaves canary.json behind."""
+    import shutil
+    from pathlib import Path
+
+    from aieng.release.canary_rollout import run_canary
+    from aieng.store import ModelRef
+    from aieng.store.canary_record import read_canary
+
+    monkeypatch.setenv("AIENG_ADMIN_TOKEN", "test-admin-token")
+    broken = Path(shutil.copytree(demo_model_dir, tmp_path / "broken"))
+    config = json.loads((broken / "config.json").read_text())
+    config["intermediate_size"] *= 2
+    (broken / "config.json").write_text(json.dumps(config))
+    store.register(broken, "demo", "9")
+    template = (store.manifest(ModelRef("demo", "9")).prompt_template or {}).get("sha256")
+    store.update_manifest(ModelRef("demo", "9"), eval={**EVAL, "template_sha256": template})
+    stable, logs = store.current("demo"), []
+    result = run_canary(
+        store, "demo", "9", server.base_url, steps=[10, 100], interval_s=1.0, converge_timeout_s=8.0, log=logs.append
+    )
+    assert result.outcome == "rolled_back" and result.rule == "load", logs
+    assert "did not load it within 8 s" in result.reason
+    assert read_canary(store, "demo") is None and store.current("demo") == stable
+    assert not worker_canaries(server.base_url) and store.history("demo")[-1]["action"] == "canary_rolled_back"
