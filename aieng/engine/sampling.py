@@ -65,9 +65,16 @@ def sample_row(
         logits = limit_overflow(apply_repetition_penalty(logits, seen, params.repetition_penalty))
     if params.greedy:
         return int(logits.argmax())
-    logits = filter_top_k_top_p(limit_overflow(logits / params.temperature), params.top_k, params.top_p)
-    probs = logits.softmax(-1)
-    return int(torch.multinomial(probs, 1, generator=generator))
+    scaled = logits / params.temperature
+    try:
+        return int(
+            torch.multinomial(
+                filter_top_k_top_p(scaled, params.top_k, params.top_p).softmax(-1), 1, generator=generator
+            )
+        )
+    except RuntimeError:  # inf/NaN probabilities: a knob (or the model) overflowed; only then pay for the check
+        limited = filter_top_k_top_p(limit_overflow(scaled), params.top_k, params.top_p)
+        return int(torch.multinomial(limited.softmax(-1), 1, generator=generator))
 
 
 def adjust_logits(logits: torch.Tensor, params: list[SamplingParams], generated: list[list[int]]) -> torch.Tensor:
