@@ -58,6 +58,7 @@ class MetricsObserver(StepObserver):
         self._last_resources = 0.0
         self._tokens: collections.deque = collections.deque()  # (time, tokens decoded)
         self._tokens_in_window = 0
+        self._kv: tuple | None = None  # the KV gauges' last values
 
     def on_admit(self, queued, now: float) -> None:
         waited = max(0.0, now - queued.arrival)
@@ -73,10 +74,12 @@ class MetricsObserver(StepObserver):
         if step.prefill_s is not None or step.decode_s is not None:
             m.STEP_TOKENS.observe(step.prefill_tokens + step.decoded_rows)
         if step.kv_rows_total:
-            m.KV_ROWS_USED.set(step.kv_rows)
-            m.KV_ROWS_TOTAL.set(step.kv_rows_total)
-            m.KV_TOKENS_USED.set(step.kv_tokens)
-            m.KV_TOKENS_TOTAL.set(step.kv_tokens_total)
+            kv = (step.kv_rows, step.kv_rows_total, step.kv_tokens, step.kv_tokens_total)
+            gauges = (m.KV_ROWS_USED, m.KV_ROWS_TOTAL, m.KV_TOKENS_USED, m.KV_TOKENS_TOTAL)
+            for gauge, value, last in zip(gauges, kv, self._kv or (None,) * 4):
+                if value != last:  # each set is a locked write to a shared file: only the values that moved
+                    gauge.set(value)
+            self._kv = kv
             if waiting and step.kv_rows >= step.kv_rows_total:
                 m.KV_FULL_STEPS.inc()
         for phase, splits in step.oom_splits.items():
@@ -98,6 +101,7 @@ class MetricsObserver(StepObserver):
     def on_idle(self, waiting: int, now: float) -> None:
         self.metrics.KV_ROWS_USED.set(0)
         self.metrics.KV_TOKENS_USED.set(0)
+        self._kv = None
         self.metrics.REQUESTS_RUNNING.set(0)
         self.metrics.REQUESTS_WAITING.set(waiting)
         self.metrics.TOKENS_PER_SECOND.set(0)
