@@ -75,6 +75,14 @@ class StoreError(AiengError):
     type = "invalid_request_error"
 
 
+class SuiteError(AiengError):
+    """An eval suite file that cannot be used as it is (schema, a pattern, a hook, a file)."""
+
+    code = "suite_invalid"
+    status = 400
+    type = "invalid_request_error"
+
+
 class GateRefusedError(AiengError):
     """The release gate refused a candidate; ``decision`` says every rule that fired."""
 

@@ -40,8 +40,9 @@ STORE_DEMO_DIR = REPO_ROOT / "var" / "store" / "demo" / "current"
 def _cache_is_current(path: Path) -> bool:
     """True when ``path`` holds a complete build made with today's default config."""
     from aieng.demo.build import BUILD_INFO_FILE, MODEL_FILES, RECIPE_VERSION, DemoBuildConfig
+    from aieng.evaluation.suite_file import SUITE_FILE
 
-    if not all((path / name).is_file() for name in (*MODEL_FILES, BUILD_INFO_FILE)):
+    if not all((path / name).is_file() for name in (*MODEL_FILES, BUILD_INFO_FILE, SUITE_FILE)):
         return False
     info = json.loads((path / BUILD_INFO_FILE).read_text())
     defaults = json.loads(json.dumps(asdict(DemoBuildConfig())))

@@ -32,6 +32,13 @@ def add_parser(sub) -> None:
     p.add_argument("--name", required=True)
     p.add_argument("--version", required=True)
     p.add_argument("--source", default=None, help="provenance to record (default: the absolute SRC path)")
+    p.add_argument(
+        "--suite",
+        metavar="FILE",
+        default=None,
+        help="the eval suite stored (and hashed) with the version; its thresholds are the version's release "
+        "gate (default: SRC/eval-suite/suite.yaml if present; docs/evaluation.md)",
+    )
     p.set_defaults(handler=_register)
 
     p = verbs.add_parser("list", parents=[STORE], help="models, versions, status and which is current")
@@ -97,11 +104,18 @@ def add_parser(sub) -> None:
 
 
 def _register(args: argparse.Namespace) -> int:
-    manifest = store_from(args).register(args.src, args.name, args.version, provenance=args.source)
+    manifest = store_from(args).register(args.src, args.name, args.version, provenance=args.source, suite=args.suite)
     print(
         f"registered {manifest.name}@{manifest.version}: {manifest.architecture}, "
         f"{manifest.num_parameters:,} parameters, {manifest.dtype}, {len(manifest.files)} files (status candidate)"
     )
+    if manifest.suite:
+        print(f"eval suite {manifest.suite['label']} ({manifest.suite['sha256'][:12]}) stored with it")
+    else:
+        print(
+            "no eval suite: the release gate will need a comparison with the current version "
+            f"(`aieng eval {manifest.name}@{manifest.version} --compare`) or --force --reason"
+        )
     return 0
 
 
@@ -178,53 +192,64 @@ def _reload(args: argparse.Namespace, version: str) -> None:
 
 
 def add_gate_options(p: argparse.ArgumentParser) -> None:
-    """The release gate's thresholds as flags (defaults: ``GateThresholds``)."""
-    g = p.add_argument_group("release gate thresholds (defaults in aieng/evaluation/gate.py)")
+    """The release gate's thresholds as flags, over those of the candidate's registered suite."""
+    g = p.add_argument_group(
+        "release gate thresholds (default: the candidate's suite's `thresholds`, else aieng/evaluation/gate.py)"
+    )
     g.add_argument(
         "--gate-family",
         action="append",
         dest="gate_families",
         metavar="FAMILY",
-        help="a family that must reach --min-accuracy (repeat; default: reverse and json)",
+        help="a family that must reach its floor (repeat; replaces the suite's floors)",
     )
-    g.add_argument("--min-accuracy", type=float, default=None, help="floor for the gate families (default 0.8)")
+    g.add_argument("--min-accuracy", type=float, default=None, help="the floor of every gated family")
     g.add_argument(
         "--max-regression",
         type=float,
         default=None,
         help="largest drop of any family below the current version (default 0.05)",
     )
-    g.add_argument("--max-perplexity", type=float, default=None, help="perplexity ceiling (default 2.0)")
+    g.add_argument("--max-perplexity", type=float, default=None, help="perplexity ceiling (default: none)")
     g.add_argument(
         "--max-perplexity-rise",
         type=float,
         default=None,
         help="largest perplexity rise over the current version, as a fraction (default 0.25)",
     )
-
-
-def gate_thresholds(args: argparse.Namespace):
-    from aieng.evaluation.gate import GateThresholds
-
-    return GateThresholds.with_overrides(
-        gate_families=args.gate_families,
-        min_accuracy=args.min_accuracy,
-        max_regression=args.max_regression,
-        max_perplexity=args.max_perplexity,
-        max_perplexity_rise=args.max_perplexity_rise,
+    g.add_argument(
+        "--min-agreement",
+        type=float,
+        default=None,
+        help="comparison gate: share of greedy answers equal to the current version's (default 0.9)",
     )
+    g.add_argument(
+        "--max-perplexity-ratio",
+        type=float,
+        default=None,
+        help="comparison gate: perplexity of the current version's answers under the candidate over "
+        "under itself (default 1.25)",
+    )
+
+
+def gate_overrides(args: argparse.Namespace) -> dict:
+    """The gate flags given, as overrides of the candidate's suite thresholds."""
+    return {
+        "gate_families": args.gate_families,
+        "min_accuracy": args.min_accuracy,
+        "max_regression": args.max_regression,
+        "max_perplexity": args.max_perplexity,
+        "max_perplexity_rise": args.max_perplexity_rise,
+        "min_agreement": args.min_agreement,
+        "max_perplexity_ratio": args.max_perplexity_ratio,
+    }
 
 
 def _promote(args: argparse.Namespace) -> int:
     from aieng.release.promotion import promote
 
     result = promote(
-        store_from(args),
-        args.name,
-        args.version,
-        thresholds=gate_thresholds(args),
-        force=args.force,
-        reason=args.reason,
+        store_from(args), args.name, args.version, overrides=gate_overrides(args), force=args.force, reason=args.reason
     )
     event = result.event
     if result.forced:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from aieng.cli.common import store_from, store_option_parent
+from aieng.cli.model_cmds import add_gate_options, gate_overrides
 
 STORE = store_option_parent()
 
@@ -111,6 +112,7 @@ def add_parser(sub) -> None:
         metavar="MATCHERS",
         help="label matchers added to every query, e.g. 'job=\"aieng\"' when Prometheus scrapes more than this service",
     )
+    add_gate_options(p)
     p.set_defaults(handler=_canary)
 
 
@@ -161,6 +163,7 @@ def _canary(args: argparse.Namespace) -> int:
 
     from aieng.errors import ConfigError
     from aieng.release.canary_rollout import CanaryThresholds, StepEvidence, abort_canary, run_canary
+    from aieng.release.promotion import thresholds_for
     from aieng.release.sources import PrometheusMetrics
 
     if args.abort:
@@ -192,8 +195,9 @@ def _canary(args: argparse.Namespace) -> int:
         max_wait_s=_seconds(args.max_step_wait, "--max-step-wait") if args.max_step_wait else None,
         on_timeout=args.on_thin_traffic,
     )
+    store = store_from(args)
     result = run_canary(
-        store_from(args),
+        store,
         args.name,
         args.version,
         args.url,
@@ -203,6 +207,7 @@ def _canary(args: argparse.Namespace) -> int:
         thresholds=thresholds,
         evidence=evidence,
         probe=not args.no_probe,
+        gate=thresholds_for(store, args.name, args.version, gate_overrides(args)),
         metrics=PrometheusMetrics(args.prometheus, args.prometheus_selector) if args.prometheus else None,
     )
     return {"promoted": 0, "refused": 1, "rolled_back": 3, "held": 5}[result.outcome]

@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import platform
+import shutil
 import signal
 import threading
 import time
@@ -26,6 +27,7 @@ from transformers import PreTrainedTokenizerFast
 from transformers.utils import logging as hf_logging
 
 from aieng.demo.corpus import DEFAULT_MIX, FAMILIES, Example, training_examples
+from aieng.demo.heldout_suite import SUITE_FILE as HELDOUT_SUITE_FILE
 from aieng.demo.model import ModelDims, generation_config, llama_config, new_model
 from aieng.demo.tokenizer import (
     ASSISTANT,
@@ -36,6 +38,7 @@ from aieng.demo.tokenizer import (
     train_tokenizer,
 )
 from aieng.demo.train import make_batches, train
+from aieng.evaluation.suite_file import SUITE_DIR, SUITE_FILE
 from aieng.store.staging import occupied, owned_name, remove_dead, staged_directory
 
 #: Bump when the corpus, tokenizer or training code changes what a given config builds: caches
@@ -248,6 +251,9 @@ def _build_into(tmp: Path, config: DemoBuildConfig, *, progress: bool) -> dict:
 
     model.save_pretrained(tmp)
     save_tokenizer(tokenizer, tmp)
+    # The held-out suite travels with the model: registering the folder stores it with the version.
+    (tmp / SUITE_DIR).mkdir()
+    shutil.copyfile(HELDOUT_SUITE_FILE, tmp / SUITE_FILE)
     missing = [name for name in MODEL_FILES if not (tmp / name).is_file()]
     if missing:
         raise RuntimeError(f"save_pretrained did not write {missing}")

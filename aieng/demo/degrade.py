@@ -11,8 +11,11 @@ import shutil
 from pathlib import Path
 
 
-def perturbed_copy(source: str | Path, target: str | Path, *, noise: float = 1.0, seed: int = 0) -> Path:
-    """Copy ``source`` to ``target`` (which must not exist) with noisy weights."""
+def perturbed_copy(
+    source: str | Path, target: str | Path, *, noise: float = 1.0, seed: int = 0, only: str | None = None
+) -> Path:
+    """Copy ``source`` to ``target`` (which must not exist) with noisy weights; with ``only``, just
+    the matrices whose name contains it (``"layers.1."``: one decoder layer)."""
     import torch
     from safetensors.torch import load_file, save_file
 
@@ -24,7 +27,7 @@ def perturbed_copy(source: str | Path, target: str | Path, *, noise: float = 1.0
     for path in target.glob("*.safetensors"):
         tensors = load_file(path)
         for key, tensor in tensors.items():
-            if tensor.dim() == 2 and tensor.is_floating_point():
+            if tensor.dim() == 2 and tensor.is_floating_point() and (only is None or only in key):
                 scale = tensor.float().std() * noise
                 tensors[key] = (tensor.float() + torch.randn(tensor.shape, generator=generator) * scale).to(
                     tensor.dtype

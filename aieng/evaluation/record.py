@@ -1,14 +1,19 @@
-"""Evaluate a store version and record the result in its manifest (``aieng eval``, runbooks).
+"""Evaluate a store version on an eval suite and record the result in its manifest (``aieng eval``,
+runbooks, ``aieng demo install``).
 
-Lives apart from the suite so the suite stays usable on any model object, store or not.
+The suite is the one given, else the one registered with the version (``eval-suite/`` in its
+folder, hashed with its weights). Lives apart from the suite runner so that stays usable on any
+model object, store or not.
 """
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from pathlib import Path
 
-from aieng.errors import StoreError
-from aieng.evaluation.suite import evaluate
+from aieng.errors import StoreError, SuiteError
+from aieng.evaluation.suite import EvalReport, evaluate, evaluate_server
+from aieng.evaluation.suite_file import Suite, load_suite
 from aieng.loading.loader import LoadConfig, load_version
 from aieng.store import ModelRef, ModelStore
 from aieng.store.introspect import prompt_template
@@ -18,24 +23,86 @@ from aieng.store.introspect import prompt_template
 VARIANTS = (None, "int8", "bfloat16", "kv_bfloat16")
 
 
+def suite_for(store: ModelStore, ref: ModelRef, suite: Suite | str | Path | None = None) -> Suite:
+    """``suite`` (a Suite or a file), else the suite registered with ``ref``; SuiteError naming
+    both ways to give one when there is none."""
+    if isinstance(suite, Suite):
+        return suite
+    if suite is not None:
+        return load_suite(suite)
+    registered = store.suite(ModelRef(ref.name, store.resolve(ref)))
+    if registered is None:
+        raise SuiteError(
+            f"{ref.name}@{store.resolve(ref)} has no eval suite: pass one (`aieng eval {ref.name}@"
+            f"{store.resolve(ref)} --suite FILE`, format in docs/evaluation.md), register the version "
+            "with one (`aieng model register ... --suite FILE`), or compare it with the current version "
+            f"(`aieng eval {ref.name}@{store.resolve(ref)} --compare`)"
+        )
+    return registered
+
+
+def _entry(report: EvalReport, template_sha256: str | None, where: str) -> dict:
+    return {
+        "suite": report.suite,
+        "suite_sha256": report.suite_sha256,
+        # The chat template the prompts were rendered with, so the gate can refuse a version whose
+        # template is not the one its numbers were measured with.
+        "template_sha256": template_sha256,
+        "metrics": report.metrics(),
+        "n_per_family": report.n_per_family,
+        "where": where,  # "in process" or the server's URL
+        "cases": report.cases,
+        "seconds": round(report.seconds, 2),
+        "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
+    }
+
+
+def evaluate_version_at(
+    store: ModelStore,
+    ref: ModelRef,
+    url: str,
+    *,
+    suite: Suite | str | Path | None = None,
+    n_per_family: int | None = None,
+    token: str | None = None,
+    record: bool = False,
+) -> dict:
+    """Grade what the server at ``url`` answers for ``ref`` (its ``name@version``) on the suite.
+
+    Kept in the manifest only with ``record`` (the gate's numbers are measured in process, on
+    the verified weights; a server's answers are a check of the serving path)."""
+    version = store.resolve(ref)
+    chosen = suite_for(store, ref, suite)
+    report = evaluate_server(url, f"{ref.name}@{version}", chosen, per_family=n_per_family, token=token)
+    template = (prompt_template(store.version_dir(ref.name, version)) or {}).get("sha256")
+    entry = _entry(report, template, url)
+    if record:
+        store.update_manifest(ModelRef(ref.name, version), eval=entry)
+    return {"name": ref.name, "version": version, "mistakes": report.mistakes, **entry}
+
+
 def evaluate_version(
     store: ModelStore,
     ref: ModelRef,
     config: LoadConfig = LoadConfig(),
     *,
-    n_per_family: int = 50,
+    suite: Suite | str | Path | None = None,
+    n_per_family: int | None = None,
     int8: bool = False,
     variant: str | None = None,
 ) -> dict:
-    """Load ``ref`` (hash-verified), run the held-out suite, write ``eval`` into its manifest.
+    """Load ``ref`` (hash-verified), run the suite on its gate cases (at most ``n_per_family`` per
+    family), write ``eval`` into its manifest.
 
-    Returns the manifest entry plus ``name`` and ``version``. With ``int8`` the model is
-    quantized first and the result goes to ``eval.variants.int8`` with its ``delta`` against the
-    recorded full-precision metrics (which must exist and are left as they are).
+    Returns the manifest entry plus ``name``, ``version`` and ``mistakes``. With ``int8`` the
+    model is quantized first and the result goes to ``eval.variants.int8`` with its ``delta``
+    against the recorded full-precision metrics (which must exist, be of the same suite and
+    prompts, and are left as they are).
     """
     variant = variant or ("int8" if int8 else None)
     if variant not in VARIANTS:
         raise StoreError(f"unknown evaluation variant {variant!r}: use one of {', '.join(v for v in VARIANTS if v)}")
+    chosen = suite_for(store, ref, suite)  # before loading: a missing suite costs no load
     loaded = load_version(store, ref, config)
     model = loaded.model
     if variant:
@@ -45,7 +112,13 @@ def evaluate_version(
                 f"{ref.name}@{loaded.version} has no recorded evaluation to compare int8 against; "
                 f"run `aieng eval {ref.name}@{loaded.version}` first"
             )
-        if base.get("n_per_family") != n_per_family:  # different prompt sets: the delta would be sampling noise
+        if base.get("suite_sha256") != chosen.sha256:
+            raise StoreError(
+                f"the recorded evaluation of {ref.name}@{loaded.version} used suite {base.get('suite')} "
+                f"({str(base.get('suite_sha256'))[:12]}), not {chosen.label} ({chosen.sha256[:12]}): "
+                f"re-run `aieng eval {ref.name}@{loaded.version}` with this suite first"
+            )
+        if base.get("n_per_family") != _per_family(chosen, n_per_family):  # other prompts: the delta would be noise
             raise StoreError(
                 f"the recorded evaluation of {ref.name}@{loaded.version} used {base.get('n_per_family')} "
                 f"prompts per family; run the int8 one with --n-per-family {base.get('n_per_family')} "
@@ -59,24 +132,15 @@ def evaluate_version(
         from aieng.engine.native.formats import bf16_linears
 
         with bf16_linears(model):
-            report = evaluate(model, loaded.tokenizer, n_per_family=n_per_family)
+            report = evaluate(model, loaded.tokenizer, chosen, per_family=n_per_family)
     elif variant == "kv_bfloat16":
         from aieng.evaluation.kv_rounding import bf16_kv_rounding
 
         with bf16_kv_rounding(model):
-            report = evaluate(model, loaded.tokenizer, n_per_family=n_per_family)
+            report = evaluate(model, loaded.tokenizer, chosen, per_family=n_per_family)
     else:
-        report = evaluate(model, loaded.tokenizer, n_per_family=n_per_family)
-    entry = {
-        "suite": report.suite,
-        # The chat template the prompts were rendered with, so the gate can refuse a version whose
-        # template is not the one its numbers were measured with.
-        "template_sha256": (prompt_template(loaded.path) or {}).get("sha256"),
-        "metrics": {"accuracy": report.accuracy, "perplexity": report.perplexity},
-        "n_per_family": report.n_per_family,
-        "seconds": round(report.seconds, 2),
-        "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
-    }
+        report = evaluate(model, loaded.tokenizer, chosen, per_family=n_per_family)
+    entry = _entry(report, (prompt_template(loaded.path) or {}).get("sha256"), "in process")
     if variant:
         metrics = base["metrics"]
         entry["delta"] = {
@@ -84,8 +148,9 @@ def evaluate_version(
                 family: round(report.accuracy[family] - metrics["accuracy"].get(family, 0.0), 4)
                 for family in report.accuracy
             },
-            "perplexity": round(report.perplexity - metrics["perplexity"], 4),
+            "perplexity": _delta(report.perplexity, metrics.get("perplexity")),
         }
+        entry.pop("cases")  # the variant's numbers and delta; its answers are the base's question
         entry = {**base, "variants": {**base.get("variants", {}), variant: entry}}
         store.update_manifest(ModelRef(ref.name, loaded.version), eval=entry)
         return {
@@ -93,9 +158,21 @@ def evaluate_version(
             "version": loaded.version,
             "variant": variant,
             "int8": variant == "int8",
+            "mistakes": report.mistakes,
             **entry["variants"][variant],
         }
     if loaded.manifest and (loaded.manifest.eval or {}).get("variants"):
         entry["variants"] = loaded.manifest.eval["variants"]  # measured against the earlier numbers
     store.update_manifest(ModelRef(ref.name, loaded.version), eval=entry)
-    return {"name": ref.name, "version": loaded.version, **entry}
+    return {"name": ref.name, "version": loaded.version, "mistakes": report.mistakes, **entry}
+
+
+def _per_family(suite: Suite, n_per_family: int | None) -> int:
+    counts: dict[str, int] = {}
+    for case in suite.gate_cases(n_per_family):
+        counts[case.family] = counts.get(case.family, 0) + 1
+    return max(counts.values(), default=0)
+
+
+def _delta(new: float | None, old: float | None) -> float | None:
+    return None if new is None or old is None else round(new - old, 4)

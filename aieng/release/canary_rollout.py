@@ -32,11 +32,11 @@ from dataclasses import asdict, dataclass, field
 from aieng.errors import ConfigError
 from aieng.evaluation.gate import GateThresholds
 from aieng.release.decision import Window
-from aieng.release.probe import quality_probe, regressed
+from aieng.release.probe import shadow_probe
 from aieng.release.promotion import judge, promote
 from aieng.release.reload import admin_reload, reload_server, worker_canaries, worker_versions
 from aieng.release.sources import PrometheusMetrics, ServerMetrics, promql
-from aieng.store import ModelStore
+from aieng.store import ModelRef, ModelStore
 from aieng.store.canary_record import clear_canary, set_canary
 
 ACTOR = "aieng release canary"
@@ -51,6 +51,7 @@ class CanaryThresholds:
     latency_slack_s: float = 0.05  # and at least this much slower: below it, bucket resolution and noise
     min_requests: int = 20  # canary requests a check needs to judge latency (fewer: judged on errors only)
     quality_margin: float = 0.25  # a probe family this far below stable's score fails
+    min_probe_agreement: float = 0.8  # a suite without assertions: share of answers equal to stable's
 
 
 WAIT, PASS, FAIL, TIMEOUT = "wait", "pass", "fail", "timeout"
@@ -138,7 +139,7 @@ def run_canary(
     max_failed_checks: int = 2,
     thresholds: CanaryThresholds = CanaryThresholds(),
     evidence: StepEvidence = StepEvidence(),
-    gate: GateThresholds = GateThresholds(),
+    gate: GateThresholds | None = None,
     probe: bool = True,
     token: str | None = None,
     metrics: ServerMetrics | PrometheusMetrics | None = None,
@@ -182,22 +183,33 @@ def run_canary(
             _converge(url, version, 0.0, token, sleep, converge_timeout_s)
         except TimeoutError as exc:
             return not_loaded(exc)
-        live, reference = quality_probe(url, f"{name}@{version}"), quality_probe(url, f"{name}@{stable}")
-        dropped = regressed(live, reference, thresholds.quality_margin, against="stable")
-        log(f"{tag} shadow quality probe: canary {live}, stable {reference}")
-        if dropped:
-            return _abort(
-                store,
+        suite = store.suite(ModelRef(name, version)) or store.suite(ModelRef(name, stable))
+        if suite is None:
+            log(f"{tag} no shadow quality probe: neither version has an eval suite registered")
+        else:
+            seen, dropped = shadow_probe(
+                url,
                 name,
                 version,
-                url,
-                token,
-                "quality",
-                f"quality: probe regressed: {'; '.join(dropped)}",
-                checks,
-                log,
-                sleep,
+                stable,
+                suite,
+                margin=thresholds.quality_margin,
+                min_agreement=thresholds.min_probe_agreement,
             )
+            log(f"{tag} shadow quality probe: {seen}")
+            if dropped:
+                return _abort(
+                    store,
+                    name,
+                    version,
+                    url,
+                    token,
+                    "quality",
+                    f"quality: probe: {'; '.join(dropped)}",
+                    checks,
+                    log,
+                    sleep,
+                )
     log(f"{tag} checks read {metrics.describe()} every {interval_s:g} s; their questions as PromQL:")
     for who, v in (("canary", version), ("stable", stable)):
         for key, query in promql(v, interval_s, metrics.selector).items():

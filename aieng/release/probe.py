@@ -1,39 +1,55 @@
-"""A live quality probe: the held-out suite's prompts asked of the running server over HTTP.
+"""A live quality probe: the version's own eval suite asked of the running server over HTTP.
 
-Latency and error counters cannot see a model that answers fast and wrong. The probe asks a few
-held-out prompts per family through ``/v1/chat/completions`` (greedy, the way the suite decodes)
-and scores exact match, so the rollback decision's ``eval_regression`` rule judges what the
-server actually answers, against what the stable version's evaluation recorded.
+Latency and error counters cannot see a model that answers fast and wrong. The probe asks a
+seeded sample of the suite registered with the version (``probe.per_family`` cases per family,
+``probe.seed``; cases marked ``use: probe`` when the suite has them, which the gate never
+graded) through the routes clients use, greedily. A labelled suite is judged by its assertions
+(pass rate per family, held to the stable version's); a suite without assertions by agreement
+with the stable version's answers to the same questions (the canary's shadow probe, where both
+versions are served side by side).
 """
 
 from __future__ import annotations
 
-import httpx
+import random
+from dataclasses import dataclass, replace
 
-from aieng.demo.corpus import FAMILIES, held_out_examples
+from aieng.evaluation.answers import Answer, server_answers
+from aieng.evaluation.suite import grade
+from aieng.evaluation.suite_file import Case, Suite
 
-PROBE_SEED = 4321  # not the suite's seed: the probe's prompts are not the ones the gate saw
+
+@dataclass
+class ProbeResult:
+    cases: list[Case]
+    answers: list[Answer]
+    rates: dict[str, float] | None  # per family, when the suite has assertions
+
+    def agreement(self, other: ProbeResult) -> tuple[float, list[str]]:
+        """Share of equal answers to the same cases, and the ids of those that differ."""
+        changed = [c.id for c, a, b in zip(self.cases, self.answers, other.answers) if a.text != b.text]
+        return (1 - len(changed) / len(self.cases)) if self.cases else 1.0, changed
 
 
-def quality_probe(
-    url: str, model: str, *, n_per_family: int = 8, max_tokens: int = 48, timeout_s: float = 60.0
-) -> dict[str, float]:
-    """Exact-match rate per family of the server's greedy replies to held-out prompts."""
-    examples = held_out_examples(PROBE_SEED, n_per_family)
-    right = dict.fromkeys(FAMILIES, 0)
-    with httpx.Client(base_url=url.rstrip("/"), timeout=timeout_s) as client:
-        for example in examples:
-            messages = ([{"role": "system", "content": example.system}] if example.system else []) + [
-                {"role": "user", "content": example.prompt}
-            ]
-            reply = client.post(
-                "/v1/chat/completions",
-                json={"model": model, "messages": messages, "temperature": 0, "max_tokens": max_tokens},
-            )
-            reply.raise_for_status()
-            text = reply.json()["choices"][0]["message"]["content"] or ""
-            right[example.family] += text.strip() == example.answer
-    return {family: count / n_per_family for family, count in right.items()}
+def probe_cases(suite: Suite) -> list[Case]:
+    """The probe's sample: per family, ``probe.per_family`` cases drawn with ``probe.seed`` from
+    the ``use: probe`` cases, or from the gate's cases when the suite marks none; greedy."""
+    pool = [c for c in suite.cases if c.use == "probe"] or suite.gate_cases()
+    per_family, rng = int(suite.probe["per_family"]), random.Random(suite.probe["seed"])
+    chosen = []
+    for family in suite.families:
+        cases = [c for c in pool if c.family == family]
+        picked = cases if len(cases) <= per_family else sorted(rng.sample(cases, per_family), key=cases.index)
+        chosen.extend(replace(c, sampling={**c.sampling, "temperature": 0.0}) for c in picked)
+    return chosen
+
+
+def quality_probe(url: str, model: str, suite: Suite, *, token: str | None = None) -> ProbeResult:
+    """Ask the server the suite's probe sample for ``model`` (``name`` or ``name@version``)."""
+    cases = probe_cases(suite)
+    answers = server_answers(url, model, cases, token=token)
+    rates = grade(suite, cases, answers)[0] if any(c.labelled for c in cases) else None
+    return ProbeResult(cases, answers, rates)
 
 
 def regressed(
@@ -49,3 +65,35 @@ def regressed(
         for family, rate in reference.items()
         if probe.get(family, 0.0) < rate - margin - 1e-9
     ]
+
+
+def shadow_probe(
+    url: str,
+    name: str,
+    version: str,
+    stable: str,
+    suite: Suite,
+    *,
+    margin: float = 0.25,
+    min_agreement: float = 0.8,
+    token: str | None = None,
+) -> tuple[str, list[str]]:
+    """Ask the canary and the stable version the same probe sample, each pinned by version.
+
+    Returns (what was seen, failures): with assertions, families whose canary rate falls more
+    than ``margin`` below stable's; without, an agreement of the two versions' greedy answers
+    below ``min_agreement``."""
+    live = quality_probe(url, f"{name}@{version}", suite, token=token)
+    reference = quality_probe(url, f"{name}@{stable}", suite, token=token)
+    if live.rates is not None:
+        seen = f"{len(live.cases)} cases of suite {suite.label}: canary {live.rates}, stable {reference.rates}"
+        return seen, regressed(live.rates, reference.rates, margin, against="stable")
+    agreement, changed = live.agreement(reference)
+    seen = (
+        f"{len(live.cases)} cases of suite {suite.label} (no assertions): {agreement:.0%} of answers agree with stable"
+    )
+    if agreement < min_agreement - 1e-9:
+        return seen, [
+            f"answers agree with stable on {agreement:.0%} < {min_agreement:.0%} (changed: {', '.join(changed[:5])})"
+        ]
+    return seen, []

@@ -29,14 +29,29 @@ class Promotion:
         return not self.decision.passed
 
 
-def judge(
-    store: ModelStore, name: str, version: str, current: str | None, thresholds: GateThresholds = GateThresholds()
-) -> GateDecision:
-    """The gate's decision on ``name@version`` against ``current`` (None: no comparison).
+def thresholds_for(store: ModelStore, name: str, version: str, overrides: dict | None = None) -> GateThresholds:
+    """The gate's thresholds for ``name@version``: those of the suite registered with it (the
+    defaults where it has none), with every non-None override (flags, runbook parameters)."""
+    suite = store.manifest(ModelRef(name, version)).suite or {}
+    return GateThresholds.from_suite(suite.get("thresholds")).replaced(**(overrides or {}))
 
-    A candidate with no recorded evaluation gets a failing decision (rule ``eval``) rather than
-    an exception, so ``--force`` can still override it and the refusal is recorded like any other.
+
+def judge(
+    store: ModelStore,
+    name: str,
+    version: str,
+    current: str | None,
+    thresholds: GateThresholds | None = None,
+    *,
+    overrides: dict | None = None,
+) -> GateDecision:
+    """The gate's decision on ``name@version`` against ``current`` (None: no comparison), under
+    ``thresholds`` (default: :func:`thresholds_for` the candidate, with ``overrides``).
+
+    A candidate with no evidence gets a failing decision (rule ``evidence``) rather than an
+    exception, so ``--force`` can still override it and the refusal is recorded like any other.
     """
+    thresholds = thresholds or thresholds_for(store, name, version, overrides)
     candidate = Evidence.of(store.manifest(ModelRef(name, version)))
     against = None
     if current is not None and current != version and current in store.versions(name):
@@ -52,7 +67,8 @@ def promote(
     name: str,
     version: str,
     *,
-    thresholds: GateThresholds = GateThresholds(),
+    thresholds: GateThresholds | None = None,
+    overrides: dict | None = None,
     force: bool = False,
     reason: str | None = None,
     actor: str | None = None,
@@ -66,6 +82,7 @@ def promote(
             "it is recorded with your name in the manifest and history.jsonl"
         )
     actor = actor or default_actor()
+    thresholds = thresholds or thresholds_for(store, name, version, overrides)
     outcome: dict = {}
 
     def check(current: str | None) -> dict:

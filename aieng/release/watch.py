@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from aieng.observability.scrape import Snapshot, delta, scrape
 from aieng.release.decision import HOLD, PROMOTE, ROLLBACK, Decision, RollbackThresholds, Window, decide
-from aieng.release.probe import quality_probe, regressed
+from aieng.release.probe import probe_cases, quality_probe, regressed
 from aieng.store import ModelRef, ModelStore
 
 GENERATION_ROUTES = ("/v1/completions", "/v1/chat/completions")
@@ -101,7 +101,7 @@ def watch(
 ) -> WatchResult:
     """Watch ``name``'s current version on the server at ``url`` and act on the decision.
 
-    ``probe``: first ask the server a few held-out prompts per family (``probe.quality_probe``)
+    ``probe``: first ask the server a sample of the version's suite (``probe.quality_probe``)
     and count it as an eval regression when a family falls well below the stable version's
     recorded eval. ``reload(url, version)`` hot-swaps the server after a rollback
     (``release.reload.reload_server`` by default)."""
@@ -116,11 +116,7 @@ def watch(
     checks: list[dict] = []
     quality_drop: list[str] = []
     if probe:
-        live = quality_probe(url, name)
-        quality_drop = regressed(live, _reference_accuracy(store, name, version))
-        log(
-            f"[watch {name}@{version}] quality probe: {live}" + (f"; regressed: {quality_drop}" if quality_drop else "")
-        )
+        quality_drop = _probe(store, name, version, url, log)
     # The window opens after the probe: its own short, held-out answers are judged by the probe,
     # and counted with the users' traffic they would pass for an early-EOS storm.
     start, first = time.monotonic(), scrape(url)
@@ -189,6 +185,23 @@ def _previous(store: ModelStore, name: str, version: str) -> str | None:
         if event.get("action") in ("promote", "rollback") and event.get("to") == version and event.get("from"):
             return event["from"]
     return None
+
+
+def _probe(store: ModelStore, name: str, version: str, url: str, log) -> list[str]:
+    """The version's suite asked live and judged by its assertions against the stable version's
+    recorded rates. A suite without assertions has nothing to judge here (its answers were
+    compared with stable's before promotion and by the canary's shadow probe): said, not skipped
+    silently."""
+    tag = f"[watch {name}@{version}]"
+    suite = store.suite(ModelRef(name, version))
+    if suite is None or not any(c.labelled for c in probe_cases(suite)):
+        why = "no eval suite is registered with it" if suite is None else f"suite {suite.label} has no assertions"
+        log(f"{tag} no quality probe: {why}; errors, latency and early EOS are still watched")
+        return []
+    live = quality_probe(url, name, suite).rates
+    dropped = regressed(live, _reference_accuracy(store, name, version))
+    log(f"{tag} quality probe ({suite.label}): {live}" + (f"; regressed: {dropped}" if dropped else ""))
+    return dropped
 
 
 def _reference_accuracy(store: ModelStore, name: str, version: str) -> dict | None:

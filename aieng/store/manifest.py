@@ -35,6 +35,8 @@ class Manifest:
     performance_baseline: dict | None = None  # from `aieng bench serve`
     prompt_template: dict | None = None  # {"sha256", "source", "version"} of the chat template
     release_gate: dict | None = None  # the gate's decision, thresholds, who and why, at promotion
+    suite: dict | None = None  # the eval suite stored with the version: name, sha256, file, thresholds
+    comparison: dict | None = None  # answers compared with another version's (`aieng eval --compare`)
     status: str = "candidate"
     extra: dict = field(default_factory=dict)
 

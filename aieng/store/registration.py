@@ -6,10 +6,14 @@ from __future__ import annotations
 import contextlib
 import errno
 import functools
+import json
 import shutil
 from pathlib import Path
 
+import yaml
+
 from aieng.errors import StoreError
+from aieng.evaluation.suite_file import SUITE_DIR, SUITE_FILE, Suite, load_suite
 from aieng.host.hardware import dependency_versions, hardware_profile
 from aieng.store.hashing import hash_tree
 from aieng.store.introspect import inspect_folder
@@ -19,12 +23,27 @@ from aieng.store.staging import owned_name, staged_directory
 from aieng.store.stamps import utc_now
 
 
-def register(store, source: Path | str, name: str, version: str, *, provenance: str | None = None) -> Manifest:
-    """Copy a safetensors model folder into the store as ``name@version`` (status ``candidate``)."""
+def register(
+    store,
+    source: Path | str,
+    name: str,
+    version: str,
+    *,
+    provenance: str | None = None,
+    suite: Path | str | None = None,
+) -> Manifest:
+    """Copy a safetensors model folder into the store as ``name@version`` (status ``candidate``).
+
+    The version's eval suite travels with it: ``suite`` (a suite file) or the folder's own
+    ``eval-suite/suite.yaml`` (a demo build ships one) is checked, stored under ``eval-suite/``
+    and hashed with the weights; the manifest's ``suite`` entry names it and its thresholds."""
     source = Path(source).resolve()
     check_name(name)
     check_name(version, "version")
     facts = inspect_folder(source)  # refuses pickle, non-causal-LM, remote code, no safetensors
+    chosen = load_suite(suite) if suite is not None else None  # a bad suite refuses before any copy
+    if chosen is None and (source / SUITE_FILE).is_file():
+        chosen = load_suite(source / SUITE_FILE)
     check_space(store.root, source)  # before copying gigabytes, not at the last file
     target = store.version_dir(name, version)
 
@@ -43,6 +62,7 @@ def register(store, source: Path | str, name: str, version: str, *, provenance: 
             copy_function=functools.partial(_copy_file, store.root),
             ignore=shutil.ignore_patterns(".*", "manifest.json", "__pycache__"),
         )
+        suite_entry = stage_suite(tmp, chosen) if chosen is not None else None
         manifest = Manifest(
             name=name,
             version=version,
@@ -56,9 +76,29 @@ def register(store, source: Path | str, name: str, version: str, *, provenance: 
             hardware_profile=hardware_profile(),
             dependencies=dependency_versions(),
             prompt_template=versioned_template(store, name, facts.prompt_template),
+            suite=suite_entry,
         )
         manifest.write(tmp)
     return manifest
+
+
+def stage_suite(version_dir: Path, suite: Suite) -> dict:
+    """Write ``suite`` (and its perplexity text) into ``version_dir/eval-suite/``, replacing a
+    suite the folder brought; returns the manifest's ``suite`` entry. The copy names its text by
+    file name beside it, which leaves the suite's content hash unchanged."""
+    target = version_dir / SUITE_DIR
+    if target.exists():
+        shutil.rmtree(target)
+    target.mkdir()
+    document = json.loads(json.dumps(suite.document))
+    if suite.perplexity_text is not None:
+        shutil.copyfile(suite.perplexity_text, target / suite.perplexity_text.name)
+        document["perplexity"]["text"] = suite.perplexity_text.name
+    (version_dir / SUITE_FILE).write_text(yaml.safe_dump(document, sort_keys=False, allow_unicode=True, width=1000))
+    stored = load_suite(version_dir / SUITE_FILE)
+    if stored.sha256 != suite.sha256:  # cannot happen unless the copy is broken: refuse, do not guess
+        raise StoreError(f"the stored copy of suite {suite.label} does not hash like {suite.path}")
+    return stored.record(SUITE_FILE)
 
 
 SPARE_BYTES = 64 * 2**20  # a disk filled to the last byte fails the next log or history write

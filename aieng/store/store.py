@@ -161,6 +161,14 @@ class ModelStore:
     def manifest(self, ref: ModelRef) -> Manifest:
         return Manifest.read(self.path(ref))
 
+    def suite(self, ref: ModelRef):
+        """The eval suite stored with the version (``aieng.evaluation.suite_file.Suite``), or None.
+        Its files are covered by the version's hashes: ``verify`` catches an edited suite."""
+        from aieng.evaluation.suite_file import load_suite
+
+        entry = self.manifest(ref).suite
+        return load_suite(self.path(ref) / entry["file"]) if entry else None
+
     def history(self, name: str) -> list[dict]:
         path = self.history_path(name)
         if not path.is_file():
@@ -171,9 +179,18 @@ class ModelStore:
         return [json.loads(line) for line in text.splitlines() if line.strip()]
 
     # -- register ------------------------------------------------------------------------------
-    def register(self, source: Path | str, name: str, version: str, *, provenance: str | None = None) -> Manifest:
-        """Copy a safetensors model folder into the store as ``name@version`` (status ``candidate``)."""
-        return register(self, source, name, version, provenance=provenance)
+    def register(
+        self,
+        source: Path | str,
+        name: str,
+        version: str,
+        *,
+        provenance: str | None = None,
+        suite: Path | str | None = None,
+    ) -> Manifest:
+        """Copy a safetensors model folder into the store as ``name@version`` (status ``candidate``),
+        with its eval suite (``suite``, or the folder's ``eval-suite/suite.yaml``)."""
+        return register(self, source, name, version, provenance=provenance, suite=suite)
 
     # -- verify --------------------------------------------------------------------------------
     def verify(self, ref: ModelRef) -> VerifyReport:
@@ -319,8 +336,9 @@ class ModelStore:
 
     # -- manifest updates ----------------------------------------------------------------------
     def update_manifest(self, ref: ModelRef, **changes) -> Manifest:
-        """Set mutable fields (``eval``, ``performance_baseline``, ``status``); hashes are never touched."""
-        allowed = {"eval", "performance_baseline", "status"}
+        """Set mutable fields (``eval``, ``comparison``, ``performance_baseline``, ``status``); hashes
+        and the stored suite are never touched."""
+        allowed = {"eval", "comparison", "performance_baseline", "status"}
         if set(changes) - allowed:
             raise StoreError(f"only {sorted(allowed)} can change after registration")
         with self._lock(ref.name):

@@ -79,7 +79,7 @@ def test_store_workflow_and_failures(tmp_path, tiny_demo_dir):
     assert none.returncode == 1 and "no previous promoted version" in none.stderr
 
     unevaluated = aieng("model", "promote", "tiny", "1", store=store)
-    assert unevaluated.returncode == 1 and "release gate refused tiny@1 (rules: eval)" in unevaluated.stderr
+    assert unevaluated.returncode == 1 and "release gate refused tiny@1 (rules: evidence)" in unevaluated.stderr
     no_reason = aieng("model", "promote", "tiny", "1", "--force", store=store)
     assert no_reason.returncode == 1 and "needs --reason" in no_reason.stderr
     forced = ("--force", "--reason", "test: store workflow without an eval")

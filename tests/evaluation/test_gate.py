@@ -1,8 +1,18 @@
-"""The release gate: floors, regression, perplexity, template and performance rules, every rule that fires."""
+"""The release gate: evidence, suite, comparison, floors, regression, perplexity, template and
+performance rules, every rule that fires. Thresholds are the demo suite's unless a test says."""
 
 import pytest
 
-from aieng.evaluation.gate import Evidence, GateDecision, GateThresholds, release_gate
+from aieng.demo.heldout_suite import THRESHOLDS
+from aieng.evaluation.gate import Evidence, GateDecision, GateThresholds
+from aieng.evaluation.gate import release_gate as gate_of
+
+DEMO = GateThresholds.from_suite(THRESHOLDS)
+
+
+def release_gate(candidate, current=None, thresholds=DEMO) -> GateDecision:
+    return gate_of(candidate, current, thresholds)
+
 
 SHA = "a" * 64
 
@@ -30,18 +40,21 @@ def _messages(decision: GateDecision) -> list[str]:
 
 def test_a_candidate_above_the_floors_and_without_regression_passes():
     decision = release_gate(_version(**GOOD), _version("1", **GOOD))
-    assert decision.passed and decision.failures == [] and decision.compared == {"eval": True, "performance": False}
-    assert decision.to_dict() == {"passed": True, "failures": [], "compared": {"eval": True, "performance": False}}
+    compared = {"eval": True, "answers": False, "performance": False}
+    assert decision.passed and decision.failures == [] and decision.compared == compared
+    assert decision.to_dict() == {"passed": True, "failures": [], "compared": compared}
 
 
 def test_the_defaults_pass_the_demo_on_any_cpu_and_refuse_a_broken_build():
-    assert GateThresholds() == GateThresholds(("reverse", "json"), 0.8, 0.05, 2.0, 0.25, 0.2, 1.5)
+    assert DEMO == GateThresholds(floors={"reverse": 0.8, "json": 0.8}, max_perplexity=2.0)
+    assert GateThresholds().floors == {} and GateThresholds().max_perplexity is None  # a suite's to set
     epyc = dict(reverse=0.96, json=0.94, add=0.86, sort=0.92)  # the weakest demo build measured so far
     assert release_gate(_version(**epyc)).passed
     assert not release_gate(_version(reverse=0.1, json=0.0, add=0.0, sort=0.0, perplexity=9.0)).passed
-    assert GateThresholds.with_overrides(gate_families=["add"], min_accuracy=None) == GateThresholds(
-        gate_families=("add",)
-    )
+    assert DEMO.replaced(gate_families=["add"], min_accuracy=None).floors == {"add": 0.8}
+    assert DEMO.replaced(gate_families=["json", "add"], min_accuracy=0.9).floors == {"json": 0.9, "add": 0.9}
+    assert DEMO.replaced(min_accuracy=0.5).floors == {"reverse": 0.5, "json": 0.5}
+    assert DEMO.replaced(max_perplexity=None) == DEMO  # None: not given
     with pytest.raises(ValueError, match="unknown gate thresholds"):
         GateThresholds.with_overrides(min_acuracy=0.5)
 
@@ -103,7 +116,7 @@ def test_a_template_changed_since_the_evaluation_is_refused():
 def test_performance_is_compared_only_under_the_same_load():
     slow = {**BASELINE, "tokens_per_s": 700.0, "latency_p99_s": 0.9}
     decision = release_gate(_version(baseline=slow, **GOOD), _version("1", baseline=BASELINE, **GOOD))
-    assert decision.compared == {"eval": True, "performance": True}
+    assert decision.compared == {"eval": True, "answers": False, "performance": True}
     assert _messages(decision) == [
         "performance: 700.0 tokens/s drops more than 20% below 1000.0 (current 1)",
         "performance: p99 latency 0.900 s > 1.5 x 0.500 s (current 1)",
@@ -135,7 +148,7 @@ def test_every_rule_that_fires_is_reported():
 
 
 def test_thresholds_are_honoured():
-    strict = GateThresholds(gate_families=("sort",), min_accuracy=0.95, max_regression=0.0)
+    strict = GateThresholds(floors={"sort": 0.95}, max_regression=0.0)
     current = Evidence(None, _eval(**GOOD), None, SHA)
     decision = release_gate(_version(**{**GOOD, "add": 0.97}), current, strict)
     assert _messages(decision) == [
@@ -145,5 +158,46 @@ def test_thresholds_are_honoured():
 
 
 def test_a_candidate_without_an_evaluation_is_refused():
-    with pytest.raises(ValueError, match="evaluate it first"):
-        release_gate(Evidence("2", None), None)
+    assert release_gate(Evidence("2", None), None).messages == [
+        "evidence: 2 has no graded evaluation (a suite with assertions, `aieng eval`) and there is no current "
+        "version to compare with: evaluate it with a labelled suite, or promote with --force --reason"
+    ]
+    decision = release_gate(Evidence("2", None), _version("1", **GOOD))
+    assert decision.rules_fired == ["evidence"] and "aieng eval N@2 --compare" in decision.messages[0]
+
+
+def _compared(against="1", **metrics):
+    base = dict(cases=40, changed=0, agreement=1.0, length_ratio=1.0, empty_rate=0.0, stable_empty_rate=0.0)
+    base.update(refusal_rate=0.0, stable_refusal_rate=0.0, perplexity_ratio=1.0)
+    base.update(metrics)
+    changed = [{"id": f"c{i}"} for i in range(base["changed"])]
+    return Evidence("2", None, comparison={"against": against, "metrics": base, "changed": changed})
+
+
+def test_a_comparison_with_the_current_version_is_evidence_and_an_exact_copy_passes():
+    current = _version("1", **GOOD)
+    decision = release_gate(_compared(), current)
+    assert decision.passed and decision.compared["answers"], decision.messages
+    stale = release_gate(_compared(against="0"), current)
+    assert stale.rules_fired == ["evidence"] and "its comparison is with version 0" in stale.messages[0]
+
+
+def test_a_changed_candidate_is_refused_by_the_comparison_naming_the_cases():
+    changed = _compared(changed=12, agreement=0.7, length_ratio=1.6, empty_rate=0.2, perplexity_ratio=3.0)
+    decision = release_gate(changed, _version("1", **GOOD))
+    assert decision.rules_fired == ["comparison"]
+    assert decision.messages == [
+        "comparison: agreement 70.0% < 90% with current 1 (12 of 40 answers changed, e.g. c0, c1, c2, c3, c4)",
+        "comparison: answers 1.60x as long as current 1's, outside [0.8, 1.25]",
+        "comparison: empty answers 20.0% vs 0.0% (current 1), more than 5% up",
+        "comparison: current 1's answers are 3.00x as perplexing under the candidate (> 1.25)",
+    ]
+    assert release_gate(changed, _version("1", **GOOD), DEMO.replaced(min_agreement=0.7)).rules_fired == ["comparison"]
+
+
+def test_grades_from_another_suite_than_the_registered_one_are_refused():
+    evaluated = _eval(**GOOD) | {"suite_sha256": "e" * 64}
+    registered = {"label": "demo-heldout-v1", "sha256": "f" * 64}
+    decision = release_gate(Evidence("2", evaluated, None, SHA, suite=registered))
+    assert decision.rules_fired == ["suite"]
+    assert release_gate(Evidence("2", evaluated, None, SHA, suite={**registered, "sha256": "e" * 64})).passed

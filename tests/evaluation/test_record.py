@@ -70,3 +70,77 @@ def test_the_bf16_kv_cache_variant_is_recorded_and_its_rounding_is_undone_afterw
         rounded = model(input_ids=ids).logits
     after = model(input_ids=ids).logits
     assert not rounded.equal(before) and after.equal(before)
+
+
+def test_the_suite_travels_with_the_version_and_grades_it(store, tmp_path):
+    """A demo build carries eval-suite/suite.yaml: registered, hashed like weights, used by eval."""
+    from aieng.demo.heldout_suite import demo_suite
+
+    ref = ModelRef("tiny", "1")
+    manifest = store.manifest(ref)
+    assert manifest.suite["label"] == "demo-heldout-v1" and manifest.suite["sha256"] == demo_suite().sha256
+    assert manifest.suite["thresholds"]["floors"] == {"reverse": 0.8, "json": 0.8}
+    assert "eval-suite/suite.yaml" in manifest.files
+    result = evaluate_version(store, ref, n_per_family=2)
+    recorded = store.manifest(ref).eval
+    assert recorded["suite_sha256"] == demo_suite().sha256 and len(recorded["cases"]) == 8
+    assert {"id", "family", "passed", "failures", "answer"} == set(recorded["cases"][0])
+    assert result["n_per_family"] == 2 and recorded["where"] == "in process"
+    suite_copy = store.version_dir("tiny", "1") / "eval-suite" / "suite.yaml"
+    suite_copy.chmod(0o644)
+    suite_copy.write_text(suite_copy.read_text().replace("exact: star", "exact: moon"))
+    assert any("eval-suite/suite.yaml" in p for p in store.verify(ref).problems)  # an edited suite is caught
+
+
+def test_a_version_without_a_suite_says_how_to_give_one(tmp_path, tiny_demo_dir):
+    import shutil
+
+    from aieng.errors import SuiteError
+
+    bare = tmp_path / "bare"
+    shutil.copytree(tiny_demo_dir, bare, ignore=shutil.ignore_patterns("eval-suite"))
+    store = ModelStore(tmp_path / "store")
+    assert store.register(bare, "mine", "1").suite is None
+    with pytest.raises(SuiteError, match=r"--suite FILE.*--suite FILE.*--compare"):
+        evaluate_version(store, ModelRef("mine", "1"))
+    assert store.manifest(ModelRef("mine", "1")).eval is None
+
+
+def test_register_with_a_bad_suite_refuses_before_copying(tmp_path, tiny_demo_dir):
+    from aieng.errors import SuiteError
+
+    (tmp_path / "bad.yaml").write_text("format: aieng-suite/1\nname: x\nversion: 1\ncases: []\n")
+    store = ModelStore(tmp_path / "store")
+    with pytest.raises(SuiteError, match="should be non-empty"):
+        store.register(tiny_demo_dir, "tiny", "1", suite=tmp_path / "bad.yaml")
+    assert store.versions("tiny") == []
+
+
+def test_register_suite_replaces_the_folders_own_and_keeps_its_text(tmp_path, tiny_demo_dir):
+    import yaml
+
+    (tmp_path / "words.txt").write_text("apple bird cake " * 30)
+    document = {
+        "format": "aieng-suite/1",
+        "name": "mine",
+        "version": 3,
+        "perplexity": {"text": "../suites/words.txt"},
+        "thresholds": {"max_perplexity": 1000, "comparison": {"min_agreement": 0.95}},
+        "cases": [{"id": "a", "family": "f", "prompt": "reverse: egg oak"}],
+    }
+    (tmp_path / "suites").mkdir()
+    (tmp_path / "suites" / "words.txt").write_text((tmp_path / "words.txt").read_text())
+    (tmp_path / "defs").mkdir()
+    (tmp_path / "defs" / "mine.yaml").write_text(yaml.safe_dump(document))
+    store = ModelStore(tmp_path / "store")
+    manifest = store.register(tiny_demo_dir, "tiny", "1", suite=tmp_path / "defs" / "mine.yaml")
+    stored = store.suite(ModelRef("tiny", "1"))
+    assert manifest.suite["label"] == "mine-v3" and stored.sha256 == manifest.suite["sha256"]
+    assert stored.perplexity_text.parent == store.version_dir("tiny", "1") / "eval-suite"
+    assert not manifest.suite["labelled"] and "eval-suite/words.txt" in manifest.files
+    from aieng.release.promotion import thresholds_for
+
+    thresholds = thresholds_for(store, "tiny", "1", {"max_regression": 0.01})
+    assert thresholds.min_agreement == 0.95 and thresholds.max_perplexity == 1000 and thresholds.max_regression == 0.01
+    result = evaluate_version(store, ModelRef("tiny", "1"))
+    assert result["metrics"]["accuracy"] == {} and result["metrics"]["text_perplexity"] > 1

@@ -42,7 +42,8 @@ def test_a_passing_candidate_is_promoted_with_the_decision_in_manifest_and_histo
     assert store.current("tiny") == "2" and not result.forced
     recorded = store.manifest(ModelRef("tiny", "2")).release_gate
     assert recorded["decision"]["passed"] and recorded["against"] == "1" and recorded["actor"] == "alice"
-    assert recorded["thresholds"]["min_accuracy"] == 0.8 and recorded["decision"]["compared"]["eval"]
+    assert recorded["thresholds"]["floors"] == {"reverse": 0.8, "json": 0.8}  # the registered suite's
+    assert recorded["decision"]["compared"]["eval"]
     event = store.history("tiny")[-1]
     assert event["action"] == "promote" and event["gate"] == recorded and event["reason"] == "better add"
 
@@ -76,7 +77,7 @@ def test_force_needs_a_reason_and_is_recorded_as_an_override(store):
 
 
 def test_a_candidate_never_evaluated_is_refused_unless_forced(store):
-    with pytest.raises(GateRefusedError, match="rules: eval.*evaluate it first"):
+    with pytest.raises(GateRefusedError, match=r"rules: evidence\): evidence: 2 has no graded evaluation and no comparison with current 1"):
         promote(store, "tiny", "2")
     assert promote(store, "tiny", "2", force=True, reason="evaluated elsewhere").forced
 

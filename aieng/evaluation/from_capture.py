@@ -1,0 +1,101 @@
+"""Captured requests to suite cases a person labels: production's hard cases, kept as tests.
+
+The server's opt-in capture (``AIENG_CAPTURE_*``, ``aieng.server.http.capture``) writes requests
+as JSONL: a sampled share, and every one the output guard flagged or that failed. This turns
+them into a suite file whose cases carry the question, its sampling settings and where it came
+from (``source``: the answer given, the reason it was kept), with no assertions yet: a person
+adds ``expect`` to the ones worth grading. Unlabelled, the file already serves the comparison
+gate (``aieng eval --compare``): the prompts real users asked.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import yaml
+
+from aieng.errors import SuiteError
+from aieng.evaluation.suite_file import FORMAT, load_suite
+
+SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "seed", "stop")
+
+
+def _records(paths: list[Path]):
+    files = [f for p in paths for f in (sorted(p.glob("*.jsonl*")) if p.is_dir() else [p])]
+    if not files:
+        raise SuiteError(f"no capture files in {', '.join(map(str, paths))}")
+    for path in files:
+        try:
+            lines = path.read_text().splitlines()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise SuiteError(f"cannot read the capture file {path}: {exc}") from None
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError:
+                raise SuiteError(f"{path}:{number} is not a JSON line (is it a capture file?)") from None
+            if not isinstance(record, dict) or not (record.get("messages") or record.get("prompt")):
+                raise SuiteError(f"{path}:{number} has no `messages` or `prompt`: not a capture record")
+            yield record
+
+
+def cases_from_capture(paths: list[str | Path], *, family: str | None = None) -> list[dict]:
+    """One case per distinct question in the capture files, in capture order."""
+    cases, seen = [], set()
+    for record in _records([Path(p) for p in paths]):
+        messages = record.get("messages")
+        key = json.dumps(messages if messages else record["prompt"], sort_keys=True)
+        if key in seen:
+            continue
+        seen.add(key)
+        sampling = {
+            k: record["sampling"][k] for k in SAMPLING_KEYS if (record.get("sampling") or {}).get(k) is not None
+        }
+        if isinstance(sampling.get("stop"), str):
+            sampling["stop"] = [sampling["stop"]]
+        case = {
+            "id": f"captured-{len(cases) + 1:04d}",
+            "family": family or record.get("reason") or "captured",
+            **({"messages": [{"role": m["role"], "content": m["content"]} for m in messages]} if messages else {}),
+            **({} if messages else {"prompt": record["prompt"]}),
+            **({"sampling": sampling} if sampling else {}),
+            "source": {
+                k: record.get(k)
+                for k in ("captured_at", "request_id", "reason", "status", "served_version", "output", "guard", "error")
+                if record.get(k) is not None
+            },
+        }
+        cases.append(case)
+    if not cases:
+        raise SuiteError("the capture files hold no requests")
+    return cases
+
+
+def write_suite_from_capture(
+    paths: list[str | Path], out: str | Path, *, name: str = "captured", family: str | None = None
+) -> Path:
+    """Write a suite of the captured cases to ``out`` (which must not exist), checked by reading
+    it back; returns the path."""
+    out = Path(out)
+    if out.exists():
+        raise SuiteError(f"{out} exists; choose a new file (a suite someone labelled is not overwritten)")
+    document = {
+        "format": FORMAT,
+        "name": name,
+        "version": 1,
+        "description": "Captured requests. Label the cases worth grading: add `expect:` assertions "
+        "(docs/evaluation.md), and thresholds.floors for their families.",
+        "cases": cases_from_capture(paths, family=family),
+    }
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    try:
+        tmp.write_text(yaml.safe_dump(document, sort_keys=False, allow_unicode=True, width=1000))
+        load_suite(tmp)  # what we write must read back as a valid suite
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return out
