@@ -189,6 +189,31 @@ class Settings:
         "I could not produce a reliable answer to that. Please rephrase or try again.",
         "the reply that replaces a caught answer when AIENG_GUARD_ACTION=fallback",
     )
+    capture_dir: str = _setting(
+        "",
+        "opt-in capture of requests as evidence and for `aieng loadtest --replay`: a directory of "
+        "JSONL files, one per worker (capture-<pid>.jsonl), written off the event loop; empty = "
+        "capture off. Prompts and outputs land on disk: read docs/operations.md (capture) first",
+    )
+    capture_sample: float = _setting(
+        0.0,
+        "with capture on, the share of ordinary requests kept, in [0, 1]; guard-flagged and 5xx ones are always kept",
+        kind="rate",
+    )
+    capture_max_bytes: int = _setting(
+        64 * 2**20, "a capture file's size in bytes before it rotates (at least 1024)", shown="67108864 (64 MiB)"
+    )
+    capture_max_files: int = _setting(
+        5,
+        "rotated capture files each worker keeps (at least 1; the oldest is deleted, and so are those "
+        "of gone workers past this many): with AIENG_CAPTURE_MAX_BYTES, what bounds capture's disk",
+    )
+    capture_redact: str = _setting(
+        "",
+        "module:function called with each captured record (a dict) before it is written, returning "
+        "the record to write (edit messages, prompt, output) or None to drop it; one that raises "
+        "drops the record (aieng_capture_dropped_total); checked at start",
+    )
     admin_token: str = field(
         default="",
         repr=False,

@@ -15,7 +15,8 @@ def add_parser(sub) -> None:
         "arrivals, or sweep rates up to saturation. Reports TTFT, ITL, TPOT and end-to-end percentiles "
         "per class, errors by status, goodput under --slo limits, then checks the server (RSS growth, "
         "its /metrics agree with the client, nothing left running, error rate) and, after a sweep, "
-        "plans capacity. Writes results.json, requests.jsonl, PNG plots and report.html to --out. "
+        "plans capacity. --replay sends a capture's requests (AIENG_CAPTURE_DIR) with their timing instead. "
+        "Writes results.json, requests.jsonl, PNG plots and report.html to --out. "
         "Exit 0: every check passed; 3: a check failed. Format of workload files: docs/loadtest.md.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
@@ -28,6 +29,20 @@ def add_parser(sub) -> None:
     p.add_argument("--workload", default="default", help="a built-in workload (default, big) or a YAML/TOML file")
     p.add_argument("--out", type=Path, required=True, help="directory for results.json, the plots and report.html")
     p.add_argument("--rate-sweep", action="store_true", help="open-loop levels at rising rates until saturation")
+    p.add_argument(
+        "--replay",
+        nargs="+",
+        action="extend",
+        metavar="FILE",
+        help="instead of a workload, send the requests of a capture (AIENG_CAPTURE_DIR's JSONL files, or "
+        "that directory) at their recorded arrival times: same route, messages or prompt and sampling fields",
+    )
+    p.add_argument(
+        "--replay-speed",
+        type=float,
+        default=1.0,
+        help="with --replay: play the captured timing this many times faster (2: twice the rate)",
+    )
     p.add_argument(
         "--slo",
         action="append",
@@ -75,7 +90,8 @@ def _loadtest(args: argparse.Namespace) -> int:
     from aieng.loadtest.run import LoadTest, run_loadtest
     from aieng.loadtest.workload import load_workload
 
-    workload = load_workload(args.workload)
+    replay = _replay(args) if args.replay else None
+    workload = replay.workload if replay is not None else load_workload(args.workload)
     arrival = {
         k: v
         for k, v in (("process", args.process), ("rate", args.rate), ("users", args.users), ("think_s", args.think))
@@ -91,9 +107,9 @@ def _loadtest(args: argparse.Namespace) -> int:
             warmup_s=min(workload.warmup_s, args.duration / 4),
             cooldown_s=min(workload.cooldown_s, args.duration / 8),
         )
-    if args.max_requests is not None:
+    if args.max_requests is not None and replay is None:
         workload = replace(workload, max_requests=args.max_requests)
-    if args.model:
+    if args.model and replay is None:
         workload = replace(workload, model=args.model)
     try:
         from aieng.loadtest.summary import parse_slos
@@ -114,6 +130,31 @@ def _loadtest(args: argparse.Namespace) -> int:
         headroom=args.headroom,
         limits=CheckLimits(max_error_rate=args.max_error_rate),
         progress=not args.no_progress,
+        replay=replay,
     )
     data = run_loadtest(test)
     return 0 if data["passed"] else 3
+
+
+def _replay(args: argparse.Namespace):
+    """The capture to replay; the flags that shape a workload's arrivals have no meaning for it."""
+    from aieng.loadtest.replay import load_replay
+
+    clashing = [
+        flag
+        for flag, value in (
+            ("--rate-sweep", args.rate_sweep),
+            ("--process", args.process),
+            ("--rate", args.rate),
+            ("--users", args.users),
+            ("--think", args.think),
+            ("--duration", args.duration),
+        )
+        if value
+    ]
+    if clashing:
+        raise SystemExit(
+            f"aieng loadtest: --replay takes its requests and their timing from the capture; drop {', '.join(clashing)}"
+            " (--replay-speed changes the pace)"
+        )
+    return load_replay(args.replay, speed=args.replay_speed, model=args.model, max_requests=args.max_requests)

@@ -101,6 +101,17 @@ class RequestRecord:
         return out
 
 
+@dataclass(frozen=True)
+class Timed:
+    """One request of a prepared schedule (``aieng loadtest --replay``): when it is due, its class,
+    route and body, instead of a workload's draw."""
+
+    due: float  # seconds after the run began
+    cls: RequestClass
+    route: str
+    body: dict
+
+
 @dataclass
 class RunConfig:
     url: str
@@ -235,19 +246,25 @@ async def _send(
 
 
 async def run_async(
-    workload: Workload, config: RunConfig, on_warm: Callable[[], None] | None = None
+    workload: Workload,
+    config: RunConfig,
+    on_warm: Callable[[], None] | None = None,
+    schedule: list[Timed] | None = None,
 ) -> tuple[list[RequestRecord], float]:
     """Run the workload once; returns every request's record and the run's wall time.
-    ``on_warm`` is called (on a thread) when the warm-up ends: the post-run checks' first look."""
+    ``on_warm`` is called (on a thread) when the warm-up ends: the post-run checks' first look.
+    ``schedule``: send exactly these requests at their due times (a replay) instead of the
+    workload's draws; the workload then gives the timeout and the measurement window."""
     w, arrival = workload, workload.arrival
-    url = config.url.rstrip("/") + w.route
     requests = Requests(w, config.server_kind)
     records: list[RequestRecord] = []
     window = (w.warmup_s, w.duration_s - w.cooldown_s)
     connector = aiohttp.TCPConnector(limit=config.max_in_flight)
     timeout = aiohttp.ClientTimeout(total=w.timeout_s, sock_connect=30)
     due_times = (
-        None
+        [item.due for item in schedule]
+        if schedule is not None
+        else None
         if arrival.process == "closed"
         else arrival_times(
             arrival.process,
@@ -263,7 +280,13 @@ async def run_async(
         unit="req",
         disable=not config.progress,
         desc=f"loadtest {w.name} "
-        + (f"{arrival.users} users" if due_times is None else f"{arrival.process} {arrival.rate:.4g}/s"),
+        + (
+            f"{arrival.users} users"
+            if due_times is None
+            else "captured timing"
+            if schedule is not None
+            else f"{arrival.process} {arrival.rate:.4g}/s"
+        ),
         leave=False,
         mininterval=1.0,
     )
@@ -272,8 +295,8 @@ async def run_async(
         t0 = time.perf_counter()
         warm = asyncio.create_task(_call_at(w.warmup_s, on_warm))
 
-        async def one(scheduled: float) -> None:
-            cls, body = requests.next()
+        async def one(scheduled: float, item: Timed | None = None) -> None:
+            cls, body = requests.next() if item is None else (item.cls, item.body)
             record = RequestRecord(
                 cls.name,
                 scheduled,
@@ -282,12 +305,13 @@ async def run_async(
                 max_tokens=cls.max_tokens,
             )
             records.append(record)
+            url = config.url.rstrip("/") + (w.route if item is None else item.route)
             await _send(session, url, body, record, t0, config.honour_retry_after, w.timeout_s, cls.cancel_after)
             counts["ok" if record.expected else "failed"] += 1
             bar.update(1)
             bar.set_postfix(counts, refresh=False)
 
-        if arrival.process == "closed":
+        if due_times is None:
             rng = random.Random(f"think:{w.seed}")
 
             async def user() -> None:
@@ -298,11 +322,11 @@ async def run_async(
             await asyncio.gather(*(user() for _ in range(arrival.users)))
         else:
             tasks = []
-            for due in due_times:
+            for i, due in enumerate(due_times):
                 delay = due - (time.perf_counter() - t0)
                 if delay > 0:
                     await asyncio.sleep(delay)
-                tasks.append(asyncio.create_task(one(due)))
+                tasks.append(asyncio.create_task(one(due, None if schedule is None else schedule[i])))
             await asyncio.gather(*tasks)
         wall = time.perf_counter() - t0
         await warm
@@ -317,7 +341,10 @@ async def _call_at(seconds: float, fn: Callable[[], None] | None) -> None:
 
 
 def run(
-    workload: Workload, config: RunConfig, on_warm: Callable[[], None] | None = None
+    workload: Workload,
+    config: RunConfig,
+    on_warm: Callable[[], None] | None = None,
+    schedule: list[Timed] | None = None,
 ) -> tuple[list[RequestRecord], float]:
     """Synchronous wrapper; works inside a notebook's running event loop too."""
-    return run_sync(run_async(workload, config, on_warm))
+    return run_sync(run_async(workload, config, on_warm, schedule))

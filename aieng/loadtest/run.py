@@ -12,6 +12,7 @@ import httpx
 
 from aieng.loadtest.checks import CheckLimits, ServerBooks, post_run_checks
 from aieng.loadtest.client import RunConfig
+from aieng.loadtest.replay import Replay, replay_level
 from aieng.loadtest.report import capacity_text, level_name, results, write
 from aieng.loadtest.summary import DEFAULT_SLOS, describe
 from aieng.loadtest.sweep import capacity_plan, run_level, run_sweep, saturation
@@ -32,6 +33,7 @@ class LoadTest:
     headroom: float = 0.2
     limits: CheckLimits = field(default_factory=CheckLimits)
     progress: bool = True
+    replay: Replay | None = None  # send a capture's requests at their times (``workload`` is the replay's)
 
 
 def run_loadtest(test: LoadTest, log: Callable[[str], None] = print) -> dict:
@@ -50,6 +52,14 @@ def run_loadtest(test: LoadTest, log: Callable[[str], None] = print) -> dict:
         knee = saturation(levels)
         plan = capacity_plan(levels, test.target_rps, test.headroom)
         below = levels[: knee["level"]] if knee else levels  # the error-rate check judges the sustainable levels
+    elif test.replay is not None:
+        r = test.replay
+        log(
+            f"[loadtest] replaying {len(r.items)} captured requests ({', '.join(r.sources)}) against {test.url} "
+            f"at {r.speed:g}x their timing: {r.span_s:.1f} s of arrivals"
+        )
+        levels = [replay_level(r, config, test.slos, on_warm=lambda: books.look("warm"))]
+        knee, plan, below = None, None, levels
     else:
         a = w.arrival
         log(
@@ -79,6 +89,8 @@ def run_loadtest(test: LoadTest, log: Callable[[str], None] = print) -> dict:
         slos=test.slos,
     )
     data["rss_samples"] = books.rss_samples
+    if test.replay is not None:
+        data["replay"] = test.replay.describe()
     paths = write(test.out, data, levels)
     for level in data["levels"]:
         a = level["summary"]["all"]

@@ -158,6 +158,19 @@ OUTPUT_GUARD = Counter(
     ["check", "action"],
 )
 
+# Opt-in request capture (AIENG_CAPTURE_DIR, server/http/capture.py): what was kept, and what was
+# not although it qualified, so a capture with holes in it says so.
+CAPTURE_RECORDS = Counter(
+    "aieng_capture_records_total",
+    "Requests written to the capture files, by reason (sampled, guard, error).",
+    ["reason"],
+)
+CAPTURE_DROPPED = Counter(
+    "aieng_capture_dropped_total",
+    "Captured requests not written, by why (queue_full, redacted, redact_error, too_large, write_error).",
+    ["why"],
+)
+
 # -- capacity and resources -----------------------------------------------------------------------
 OOM = Counter(
     "aieng_oom_total", "Engine forwards that ran out of memory and were retried in halves, by phase.", ["phase"]

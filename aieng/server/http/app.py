@@ -19,6 +19,7 @@ from aieng.errors import ModelNotFoundError, NotReadyError
 from aieng.observability.metrics import serving_version, update_resource_gauges
 from aieng.observability.prom import metrics_text
 from aieng.server.http.admin import install_admin_routes
+from aieng.server.http.capture import Capture
 from aieng.server.http.disconnect import unless_disconnected
 from aieng.server.http.errors import install_error_handlers
 from aieng.server.http.inputs import single_prompt
@@ -45,6 +46,7 @@ def create_app(
     runtime, *, max_body_bytes: int = 1_000_000, body_timeout_s: float = 0.0, start_runtime: bool = True
 ) -> FastAPI:
     """``runtime``: the process's ``aieng.server.process.runtime.Runtime`` (model, scheduler, readiness)."""
+    capture = Capture.from_settings(runtime.settings)  # None: capture off (the default)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app):
@@ -52,10 +54,13 @@ def create_app(
             await asyncio.to_thread(runtime.start)
         yield
         runtime.stop()
+        if capture is not None:
+            capture.close()  # what is queued is written
 
     app = FastAPI(title="aieng", version="0.1.0", docs_url=None, redoc_url=None, lifespan=lifespan)
     app.state.runtime = runtime
     app.state.guard = OutputGuard.from_settings(runtime.settings)  # None: no check on
+    app.state.capture = capture
     install_error_handlers(app)
 
     @app.get("/health/live")
@@ -93,19 +98,32 @@ def create_app(
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
-        await runtime.wait_ready()
-        _check_common(runtime, body)
-        serving, submission = await _submit(runtime, body, lambda s: s.inputs.completion(body), request)
-        return await _respond(runtime, serving, submission, request, body, chat=False, prompt=body.prompt)
+        seen = capture.begin(request.url.path, body, request.state.trace.trace_id) if capture else None
+        try:
+            await runtime.wait_ready()
+            _check_common(runtime, body)
+            serving, submission = await _submit(runtime, body, lambda s: s.inputs.completion(body), request)
+            return await _respond(
+                runtime, serving, submission, request, body, chat=False, prompt=body.prompt, seen=seen
+            )
+        except Exception as exc:
+            if seen is not None:  # a 5xx before or instead of a reply is kept (a finished one was already)
+                seen.failed(exc)
+            raise
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request):
-        await runtime.wait_ready()
-        _check_common(runtime, body)
-        serving, submission = await _submit(runtime, body, lambda s: s.inputs.chat(body), request)
-        return await _respond(
-            runtime, serving, submission, request, body, chat=True, prompt=[m.model_dump() for m in body.messages]
-        )
+        seen = capture.begin(request.url.path, body, request.state.trace.trace_id) if capture else None
+        try:
+            await runtime.wait_ready()
+            _check_common(runtime, body)
+            serving, submission = await _submit(runtime, body, lambda s: s.inputs.chat(body), request)
+            prompt = [m.model_dump() for m in body.messages]
+            return await _respond(runtime, serving, submission, request, body, chat=True, prompt=prompt, seen=seen)
+        except Exception as exc:
+            if seen is not None:
+                seen.failed(exc)
+            raise
 
     if runtime.settings.admin_token:  # no token, no admin routes: they answer 404 like any unknown path
         install_admin_routes(app, runtime)
@@ -150,8 +168,11 @@ def _guarded_text(body, *, chat: bool) -> str:
     return next((m.text() for m in reversed(body.messages) if m.role == "user"), "")
 
 
-async def _respond(runtime, serving, submission, request: Request, body, *, chat: bool, prompt):
+async def _respond(runtime, serving, submission, request: Request, body, *, chat: bool, prompt, seen=None):
+    """``seen``: the request's capture (``capture.RequestCapture``) when capture is on, told the outcome."""
     bridge = serving.bridge
+    if seen is not None:
+        seen.served_version = serving.version
     guard, trace_id = request.app.state.guard, request.state.trace.trace_id
     guard_prompt = _guarded_text(body, chat=chat) if guard is not None else ""
     # A constrained answer's format is its grammar's; one past EOS on purpose (ignore_eos, benchmarks) has none.
@@ -192,8 +213,14 @@ async def _respond(runtime, serving, submission, request: Request, body, *, chat
                     n=submission.request.params.n,
                 ):
                     yield chunk
+            except Exception as exc:
+                if seen is not None:
+                    seen.failed(exc)
+                raise
             finally:
                 log_finished(submission, route=route, prompt=prompt, payload_sample=sample, served_by=served_by)
+                if seen is not None:
+                    seen.finished(submission, options.verdict)
 
         return StreamingResponse(
             chunks(),
@@ -202,6 +229,8 @@ async def _respond(runtime, serving, submission, request: Request, body, *, chat
         )
     final = await unless_disconnected(bridge.result(submission), request.receive)
     log_finished(submission, route=route, prompt=prompt, payload_sample=sample, served_by=served_by)
+    if seen is not None and (final is None or final.error is not None):
+        seen.finished(submission)
     if final is None:
         return Response(status_code=CLIENT_CLOSED_REQUEST, headers=headers)
     if final.error is not None:
@@ -212,6 +241,8 @@ async def _respond(runtime, serving, submission, request: Request, body, *, chat
         total_tokens=final.prompt_tokens + final.completion_tokens,
     )
     choices, verdict = reply_choices(submission, options)
+    if seen is not None:
+        seen.finished(submission, verdict)
     if verdict is not None:
         headers["X-Output-Guard"] = f"{verdict.check}; action={verdict.action}"
     kind = ChatCompletionResponse if chat else CompletionResponse

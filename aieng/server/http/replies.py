@@ -27,6 +27,7 @@ class ReplyOptions:
     trace_id: str | None = None
     prompt_ids: tuple | list | None = None  # return_token_ids: the prompt's ids, sent beside each choice's own
     context_ids: tuple | list = ()  # the prompt's ids, always: the choices' text is decoded after them
+    verdict: Verdict | None = None  # a stream's first guard verdict, set by sse.stream_chunks (for capture)
 
 
 def reply_choices(submission: Submission, options: ReplyOptions) -> tuple[list[dict], Verdict | None]:

@@ -123,6 +123,7 @@ async def stream_chunks(
                 fired = found and Verdict(found.check, found.reason, "flag")  # sent already: it can only be marked
             if fired is not None:
                 state.verdict = fired
+                options.verdict = options.verdict or fired
                 record(fired, trace_id=options.trace_id)
                 if fired.action == "fallback":  # withhold this chunk and end the choice
                     state.withheld = True
