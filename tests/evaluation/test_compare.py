@@ -9,7 +9,7 @@ from aieng.demo.degrade import perturbed_copy
 from aieng.demo.shapes import build_shape_model
 from aieng.errors import GateRefusedError, SuiteError
 from aieng.evaluation.answers import Answer
-from aieng.evaluation.compare import comparison_metrics, compare_versions, prompt_file_cases
+from aieng.evaluation.compare import compare_versions, comparison_metrics, prompt_file_cases
 from aieng.evaluation.suite_file import Case
 from aieng.release.promotion import promote
 from aieng.store import ModelRef, ModelStore

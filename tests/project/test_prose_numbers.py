@@ -82,7 +82,7 @@ ALLOWED = [
     Allowed("aieng/release/decision.py", "rate > 15%, tokens/s < 80% of baseline", "the rollback rule's thresholds"),
     Allowed("aieng/release/decision.py", '(the article\'s "2x baseline")', "the rollback rule's threshold"),
     Allowed("aieng/release/decision.py", "below 80% of the baseline", "the rollback rule's threshold"),
-    Allowed("aieng/evaluation/gate.py", "(0.25: at most 1.25x;", "max_perplexity_rise as a ratio: a unit conversion"),
+    Allowed("aieng/evaluation/gate.py", "(0.25: at most 1.25x)", "max_perplexity_rise as a ratio: a unit conversion"),
     # The load test's post-run checks and saturation rule, as loadtest/ enforces them.
     Allowed("docs/loadtest.md", "falls below 90% of the", "the saturation rule (loadtest/sweep.py)"),
     Allowed("docs/loadtest.md", "rises by under 5% while median E2E latency rises by over 50%", "the saturation rule"),

@@ -77,7 +77,10 @@ def test_force_needs_a_reason_and_is_recorded_as_an_override(store):
 
 
 def test_a_candidate_never_evaluated_is_refused_unless_forced(store):
-    with pytest.raises(GateRefusedError, match=r"rules: evidence\): evidence: 2 has no graded evaluation and no comparison with current 1"):
+    with pytest.raises(
+        GateRefusedError,
+        match=r"rules: evidence\): evidence: 2 has no graded evaluation and no comparison with current 1",
+    ):
         promote(store, "tiny", "2")
     assert promote(store, "tiny", "2", force=True, reason="evaluated elsewhere").forced
 
