@@ -107,6 +107,7 @@ def _build_shape(args: argparse.Namespace) -> int:
 
 def _install(args: argparse.Namespace) -> int:
     from aieng.demo.build import build_demo_model
+    from aieng.demo.heldout_suite import SUITE_FILE as HELDOUT_SUITE_FILE
     from aieng.evaluation.record import evaluate_version
     from aieng.loading.loader import LoadConfig
     from aieng.store import ModelRef, ModelStore
@@ -121,10 +122,19 @@ def _install(args: argparse.Namespace) -> int:
         build_dir = Path("var/build") / f"demo-seed{args.seed}{suffix}"
         if not (build_dir / "config.json").is_file():  # builds are atomic: a config means a finished build
             build_demo_model(build_dir, _config(args.seed, args.steps))
-        store.register(build_dir, args.name, args.version, provenance=f"aieng demo build --seed {args.seed}")
-        print(f"registered {args.name}@{args.version}")
+        # The held-out suite by name, not only the build's copy: a build made before suites were
+        # files has none, and the gate's thresholds live in the suite.
+        store.register(
+            build_dir,
+            args.name,
+            args.version,
+            provenance=f"aieng demo build --seed {args.seed}",
+            suite=HELDOUT_SUITE_FILE,
+        )
+        print(f"registered {args.name}@{args.version} with eval suite {HELDOUT_SUITE_FILE.name}")
     ref = ModelRef(args.name, args.version)
-    evaluate_version(store, ref, LoadConfig.from_settings(settings))
+    registered = store.manifest(ref).suite
+    evaluate_version(store, ref, LoadConfig.from_settings(settings), suite=None if registered else HELDOUT_SUITE_FILE)
     from aieng.release.promotion import promote
 
     promote(store, args.name, args.version, reason="initial install of the demo model")  # through the gate
