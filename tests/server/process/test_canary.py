@@ -307,3 +307,46 @@ def test_a_canary_the_workers_cannot_load_is_rolled_back_not_left_behind(
     assert "did not load it within 8 s" in result.reason
     assert read_canary(store, "demo") is None and store.current("demo") == stable
     assert not worker_canaries(server.base_url) and store.history("demo")[-1]["action"] == "canary_rolled_back"
+
+
+def test_a_suite_without_assertions_probes_by_agreement_with_stable(
+    server, store, monkeypatch, tmp_path, demo_model_dir
+):
+    """A model with no labels: its suite is prompts only. The shadow probe asks both versions and
+    rolls back a canary whose answers moved (one decoder layer perturbed) before any user meets it."""
+    import yaml
+
+    from aieng.demo.degrade import perturbed_copy
+    from aieng.release.canary_rollout import run_canary
+    from aieng.store import ModelRef
+
+    monkeypatch.setenv("AIENG_ADMIN_TOKEN", "test-admin-token")
+    stable = store.current("demo")
+    prompts = tmp_path / "prompts.yaml"
+    questions = ["reverse: egg oak van", "sort: pen oak ice", "add: 12+7", "json: name=moon", "reverse: tree ice"]
+    prompts.write_text(
+        yaml.safe_dump(
+            {
+                "format": "aieng-suite/1",
+                "name": "prompts-only",
+                "version": 1,
+                "defaults": {"max_tokens": 16},
+                "cases": [
+                    {"id": f"q{i}", "family": "chat", "messages": [{"role": "user", "content": q}]}
+                    for i, q in enumerate(questions)
+                ],
+            }
+        )
+    )
+    moved = perturbed_copy(demo_model_dir, tmp_path / "layer", only="layers.1.", noise=2.0)
+    store.register(moved, "demo", "10", suite=prompts)
+    # Its comparison claims it agrees (recorded by hand): only the live probe can tell.
+    claimed = {"agreement": 1.0, "length_ratio": 1.0, "empty_rate": 0.0, "stable_empty_rate": 0.0}
+    claimed |= {"refusal_rate": 0.0, "stable_refusal_rate": 0.0, "perplexity_ratio": 1.0, "cases": 5, "changed": 0}
+    store.update_manifest(ModelRef("demo", "10"), comparison={"against": stable, "metrics": claimed, "changed": []})
+    logs: list[str] = []
+    with SteadyLoad(server.base_url, clients=1) as load:
+        result = run_canary(store, "demo", "10", server.base_url, steps=[1, 100], interval_s=1.5, log=logs.append)
+    assert result.outcome == "rolled_back" and result.rule == "quality", logs
+    assert "answers agree with stable on" in result.reason and "(no assertions)" in " ".join(logs), logs
+    assert "10" not in {version for _, version in load.records} and store.current("demo") == stable

@@ -326,8 +326,10 @@ def test_the_watchdog_probe_rolls_back_a_fast_but_wrong_version(server, store, m
     assert set(worker_versions(server.base_url).values()) == {"1"}
     from aieng.release.probe import quality_probe, regressed
 
-    healthy = quality_probe(server.base_url, "demo")  # the same probe passes the version that is fine
-    assert not regressed(healthy, store.manifest(ModelRef("demo", "1")).eval["metrics"]["accuracy"]), healthy
+    suite = store.suite(ModelRef("demo", "1"))  # the probe asks the suite registered with the version
+    healthy = quality_probe(server.base_url, "demo", suite)  # and passes the version that is fine
+    assert len(healthy.cases) == 32 and all(c.use == "probe" for c in healthy.cases)  # never the gate's cases
+    assert not regressed(healthy.rates, store.manifest(ModelRef("demo", "1")).eval["metrics"]["accuracy"]), healthy
 
 
 def test_admin_routes_are_absent_without_a_token(inprocess_demo):
