@@ -34,8 +34,10 @@ def outputs(executed: Path) -> str:
 
 def with_eval(store, version: str) -> None:
     """A recorded evaluation, as if ``aieng eval`` had run (the plays are about the server, not the eval)."""
-    template = (store.manifest(ModelRef("demo", version)).prompt_template or {}).get("sha256")
-    store.update_manifest(ModelRef("demo", version), eval={**EVAL, "template_sha256": template})
+    manifest = store.manifest(ModelRef("demo", version))
+    template = (manifest.prompt_template or {}).get("sha256")
+    suite = (manifest.suite or {}).get("sha256")  # measured on the suite registered with it
+    store.update_manifest(ModelRef("demo", version), eval={**EVAL, "template_sha256": template, "suite_sha256": suite})
 
 
 @pytest.fixture
