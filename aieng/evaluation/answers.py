@@ -22,7 +22,7 @@ from aieng.engine.chat import chat_text, has_chat_template
 from aieng.engine.hf_model import pad_token_id
 from aieng.engine.reference import reference_greedy, reference_sample
 from aieng.errors import SuiteError
-from aieng.evaluation.suite_file import Case
+from aieng.evaluation.suite_file import SAMPLING_KEYS, Case
 from aieng.model_facts import eos_token_ids
 
 
@@ -108,9 +108,7 @@ def server_answers(
     sent.update(headers or {})
 
     def ask(client: httpx.Client, case: Case) -> Answer:
-        sampling = {
-            k: v for k, v in case.sampling.items() if k in ("max_tokens", "temperature", "top_p", "seed", "stop")
-        }
+        sampling = {k: v for k, v in case.sampling.items() if k in SAMPLING_KEYS}
         if case.messages is not None:
             body = {"model": model, "messages": list(case.messages), **sampling}
             reply = client.post("/v1/chat/completions", json=body)

@@ -61,12 +61,19 @@ def prompt_file_cases(path: str | Path) -> list[Case]:
         try:
             item = json.loads(line)
             messages, prompt = item.get("messages"), item.get("prompt")
-            if not (isinstance(messages, list) and messages) and not isinstance(prompt, str):
-                raise ValueError("needs `messages` (a list) or `prompt` (a string)")
+            prompts = [prompt] if isinstance(prompt, str) else prompt  # completions may send several
+            if not (isinstance(messages, list) and messages) and not (
+                isinstance(prompts, list) and prompts and all(isinstance(p, str) for p in prompts)
+            ):
+                raise ValueError("needs `messages` (a list) or `prompt` (a string or a list of them)")
         except (ValueError, AttributeError) as exc:
             raise SuiteError(f"{path}:{number}: not a prompt record ({exc})") from None
-        turns = tuple({"role": m["role"], "content": m["content"]} for m in messages) if messages else None
-        cases.append(Case(case_id, "prompts", turns, None if turns else prompt, sampling))
+        if messages:
+            turns = tuple({"role": m["role"], "content": m["content"]} for m in messages)
+            cases.append(Case(case_id, "prompts", turns, None, sampling))
+        else:
+            suffixes = [""] if len(prompts) == 1 else [f".{i}" for i in range(1, len(prompts) + 1)]
+            cases.extend(Case(case_id + s, "prompts", None, p, sampling) for s, p in zip(suffixes, prompts))
     if not cases:
         raise SuiteError(f"{path} holds no prompts")
     return cases

@@ -17,62 +17,40 @@ from pathlib import Path
 import yaml
 
 from aieng.errors import SuiteError
-from aieng.evaluation.suite_file import FORMAT, load_suite
-
-SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "seed", "stop")
-
-
-def _records(paths: list[Path]):
-    files = [f for p in paths for f in (sorted(p.glob("*.jsonl*")) if p.is_dir() else [p])]
-    if not files:
-        raise SuiteError(f"no capture files in {', '.join(map(str, paths))}")
-    for path in files:
-        try:
-            lines = path.read_text().splitlines()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise SuiteError(f"cannot read the capture file {path}: {exc}") from None
-        for number, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except ValueError:
-                raise SuiteError(f"{path}:{number} is not a JSON line (is it a capture file?)") from None
-            if not isinstance(record, dict) or not (record.get("messages") or record.get("prompt")):
-                raise SuiteError(f"{path}:{number} has no `messages` or `prompt`: not a capture record")
-            yield record
+from aieng.evaluation.suite_file import FORMAT, SAMPLING_KEYS, load_suite
+from aieng.loadtest.replay import read_capture
 
 
 def cases_from_capture(paths: list[str | Path], *, family: str | None = None) -> list[dict]:
     """One case per distinct question in the capture files, in capture order."""
     cases, seen = [], set()
-    for record in _records([Path(p) for p in paths]):
-        messages = record.get("messages")
-        key = json.dumps(messages if messages else record["prompt"], sort_keys=True)
-        if key in seen:
-            continue
-        seen.add(key)
-        sampling = {
-            k: record["sampling"][k] for k in SAMPLING_KEYS if (record.get("sampling") or {}).get(k) is not None
-        }
-        if isinstance(sampling.get("stop"), str):
-            sampling["stop"] = [sampling["stop"]]
-        case = {
-            "id": f"captured-{len(cases) + 1:04d}",
-            "family": family or record.get("reason") or "captured",
-            **({"messages": [{"role": m["role"], "content": m["content"]} for m in messages]} if messages else {}),
-            **({} if messages else {"prompt": record["prompt"]}),
-            **({"sampling": sampling} if sampling else {}),
-            "source": {
-                k: record.get(k)
-                for k in ("captured_at", "request_id", "reason", "status", "served_version", "output", "guard", "error")
-                if record.get(k) is not None
-            },
-        }
-        cases.append(case)
-    if not cases:
-        raise SuiteError("the capture files hold no requests")
+    for record in read_capture(paths):  # the replay's reader: files, rotations, each line checked
+        messages = record.get("messages") if record["endpoint"] == "/v1/chat/completions" else None
+        prompts = [None] if messages else [record["prompt"]] if isinstance(record["prompt"], str) else record["prompt"]
+        for prompt in prompts:  # a completions request may carry several prompts: a case each
+            key = json.dumps(messages or prompt, sort_keys=True, ensure_ascii=False)
+            if key not in seen:
+                seen.add(key)
+                cases.append(_case(record, messages, prompt, len(cases) + 1, family))
     return cases
+
+
+def _case(record: dict, messages: list | None, prompt: str | None, number: int, family: str | None) -> dict:
+    sampling = {k: record["sampling"][k] for k in SAMPLING_KEYS if (record.get("sampling") or {}).get(k) is not None}
+    if isinstance(sampling.get("stop"), str):
+        sampling["stop"] = [sampling["stop"]]
+    return {
+        "id": f"captured-{number:04d}",
+        "family": family or record.get("reason") or "captured",
+        **({"messages": [{"role": m["role"], "content": m["content"]} for m in messages]} if messages else {}),
+        **({} if messages else {"prompt": prompt}),
+        **({"sampling": sampling} if sampling else {}),
+        "source": {
+            k: record.get(k)
+            for k in ("captured_at", "request_id", "reason", "status", "served_version", "output", "guard", "error")
+            if record.get(k) is not None
+        },
+    }
 
 
 def write_suite_from_capture(

@@ -96,11 +96,6 @@ class GateThresholds:
             floors = dict.fromkeys(floors, min_accuracy)
         return replace(self, floors=floors, **values)
 
-    @classmethod
-    def with_overrides(cls, **overrides) -> GateThresholds:
-        """The defaults with ``overrides`` (see :meth:`replaced`)."""
-        return cls().replaced(**overrides)
-
     def to_dict(self) -> dict:
         return asdict(self)
 

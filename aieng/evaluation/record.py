@@ -13,9 +13,9 @@ from pathlib import Path
 
 from aieng.errors import StoreError, SuiteError
 from aieng.evaluation.suite import EvalReport, evaluate, evaluate_server
-from aieng.evaluation.suite_file import Suite, load_suite
+from aieng.evaluation.suite_file import Suite, largest_family, load_suite
 from aieng.loading.loader import LoadConfig, load_version
-from aieng.store import ModelRef, ModelStore
+from aieng.store import ModelRef, ModelStore, parse_ref
 from aieng.store.introspect import prompt_template
 
 # None: full precision, recorded under ``eval``; the others under ``eval.variants.<name>`` with their
@@ -30,13 +30,13 @@ def suite_for(store: ModelStore, ref: ModelRef, suite: Suite | str | Path | None
         return suite
     if suite is not None:
         return load_suite(suite)
-    registered = store.suite(ModelRef(ref.name, store.resolve(ref)))
+    named = f"{ref.name}@{store.resolve(ref)}"
+    registered = store.suite(parse_ref(named))
     if registered is None:
         raise SuiteError(
-            f"{ref.name}@{store.resolve(ref)} has no eval suite: pass one (`aieng eval {ref.name}@"
-            f"{store.resolve(ref)} --suite FILE`, format in docs/evaluation.md), register the version "
-            "with one (`aieng model register ... --suite FILE`), or compare it with the current version "
-            f"(`aieng eval {ref.name}@{store.resolve(ref)} --compare`)"
+            f"{named} has no eval suite: pass one (`aieng eval {named} --suite FILE`, format in "
+            "docs/evaluation.md), register the version with one (`aieng model register ... --suite FILE`), "
+            f"or compare it with the current version (`aieng eval {named} --compare`)"
         )
     return registered
 
@@ -118,7 +118,9 @@ def evaluate_version(
                 f"({str(base.get('suite_sha256'))[:12]}), not {chosen.label} ({chosen.sha256[:12]}): "
                 f"re-run `aieng eval {ref.name}@{loaded.version}` with this suite first"
             )
-        if base.get("n_per_family") != _per_family(chosen, n_per_family):  # other prompts: the delta would be noise
+        if base.get("n_per_family") != largest_family(
+            chosen.gate_cases(n_per_family)
+        ):  # other prompts: the delta would be noise
             raise StoreError(
                 f"the recorded evaluation of {ref.name}@{loaded.version} used {base.get('n_per_family')} "
                 f"prompts per family; run the int8 one with --n-per-family {base.get('n_per_family')} "
@@ -165,13 +167,6 @@ def evaluate_version(
         entry["variants"] = loaded.manifest.eval["variants"]  # measured against the earlier numbers
     store.update_manifest(ModelRef(ref.name, loaded.version), eval=entry)
     return {"name": ref.name, "version": loaded.version, "mistakes": report.mistakes, **entry}
-
-
-def _per_family(suite: Suite, n_per_family: int | None) -> int:
-    counts: dict[str, int] = {}
-    for case in suite.gate_cases(n_per_family):
-        counts[case.family] = counts.get(case.family, 0) + 1
-    return max(counts.values(), default=0)
 
 
 def _delta(new: float | None, old: float | None) -> float | None:

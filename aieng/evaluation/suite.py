@@ -18,7 +18,7 @@ from pathlib import Path
 from aieng.evaluation.answers import Answer, model_answers, server_answers
 from aieng.evaluation.assertions import failures
 from aieng.evaluation.perplexity import reply_perplexity, server_text_perplexity, text_perplexity
-from aieng.evaluation.suite_file import Case, Suite, load_suite
+from aieng.evaluation.suite_file import Case, Suite, largest_family, load_suite
 
 ANSWER_KEPT_CHARS = 200  # per case in the manifest: enough to see what changed, not a transcript
 
@@ -76,16 +76,13 @@ def grade(suite: Suite, cases: list[Case], answers: list[Answer]) -> tuple[dict,
 
 def _report(suite, cases, answers, perplexity, text_ppl, started) -> EvalReport:
     rates, results, mistakes = grade(suite, cases, answers)
-    counts: dict[str, int] = {}
-    for case in cases:
-        counts[case.family] = counts.get(case.family, 0) + 1
     return EvalReport(
         suite=suite.label,
         suite_sha256=suite.sha256,
         accuracy=rates,
         perplexity=perplexity if perplexity is not None else text_ppl,
         text_perplexity=text_ppl,
-        n_per_family=max(counts.values(), default=0),
+        n_per_family=largest_family(cases),
         seconds=time.perf_counter() - started,
         cases=results,
         mistakes=mistakes,

@@ -13,7 +13,6 @@ and a copy stored with a model version (``eval-suite/`` in the version folder) h
 from __future__ import annotations
 
 import hashlib
-import importlib
 import json
 import re
 from dataclasses import dataclass, field
@@ -22,13 +21,16 @@ from pathlib import Path
 
 import yaml
 
+from aieng.engine.params import GREEDY_BELOW
 from aieng.errors import SuiteError
+from aieng.user_hooks import load_hook
 
 FORMAT = "aieng-suite/1"
 SUITE_DIR = "eval-suite"  # where a model folder or store version keeps its suite
 SUITE_FILE = f"{SUITE_DIR}/suite.yaml"
 SCHEMA_PATH = Path(__file__).with_name("suite.schema.json")
 DEFAULT_SAMPLING = {"max_tokens": 64, "temperature": 0.0}
+SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "seed", "stop")  # the schema's `sampling` fields
 DEFAULT_PROBE = {"per_family": 8, "seed": 4321}
 
 
@@ -50,7 +52,7 @@ class Case:
 
     @property
     def greedy(self) -> bool:
-        return float(self.sampling.get("temperature", 0.0)) < 1e-5
+        return float(self.sampling.get("temperature", 0.0)) < GREEDY_BELOW  # as the engine decides it
 
     def brief(self) -> str:
         """The case's question, shortened, for refusals and tables."""
@@ -147,6 +149,14 @@ def load_suite(path: str | Path) -> Suite:
     )
 
 
+def largest_family(cases) -> int:
+    """The most cases any one family has among ``cases`` (what a manifest records as ``n_per_family``)."""
+    counts: dict[str, int] = {}
+    for case in cases:
+        counts[case.family] = counts.get(case.family, 0) + 1
+    return max(counts.values(), default=0)
+
+
 def suite_hash(data: dict, text_bytes: bytes | None = None) -> str:
     """sha256 of the document as canonical JSON, the perplexity text's path replaced by its bytes'
     sha256: where the text lives does not change the suite, its content does."""
@@ -230,15 +240,5 @@ def _check_meaning(path: Path, data: dict, cases: tuple[Case, ...]) -> None:
 
 
 def resolve_hook(spec: str):
-    """``module:function`` to the function; SuiteError when it cannot be imported or called."""
-    module_name, _, attr = spec.partition(":")
-    try:
-        function = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise SuiteError(
-            f"custom assertion {spec!r} cannot be loaded ({exc}); the module must be importable "
-            "where aieng runs (installed, or on PYTHONPATH)"
-        ) from None
-    if not callable(function):
-        raise SuiteError(f"custom assertion {spec!r} is not a function")
-    return function
+    """A custom assertion's ``module:function``; SuiteError when it cannot be loaded."""
+    return load_hook(spec, named_by="custom assertion", error=SuiteError)

@@ -15,6 +15,7 @@ import random
 from dataclasses import dataclass, replace
 
 from aieng.evaluation.answers import Answer, server_answers
+from aieng.evaluation.compare import comparison_metrics
 from aieng.evaluation.suite import grade
 from aieng.evaluation.suite_file import Case, Suite
 
@@ -24,11 +25,6 @@ class ProbeResult:
     cases: list[Case]
     answers: list[Answer]
     rates: dict[str, float] | None  # per family, when the suite has assertions
-
-    def agreement(self, other: ProbeResult) -> tuple[float, list[str]]:
-        """Share of equal answers to the same cases, and the ids of those that differ."""
-        changed = [c.id for c, a, b in zip(self.cases, self.answers, other.answers) if a.text != b.text]
-        return (1 - len(changed) / len(self.cases)) if self.cases else 1.0, changed
 
 
 def probe_cases(suite: Suite) -> list[Case]:
@@ -88,12 +84,12 @@ def shadow_probe(
     if live.rates is not None:
         seen = f"{len(live.cases)} cases of suite {suite.label}: canary {live.rates}, stable {reference.rates}"
         return seen, regressed(live.rates, reference.rates, margin, against="stable")
-    agreement, changed = live.agreement(reference)
+    metrics, changed = comparison_metrics(live.cases, reference.answers, live.answers)  # the comparison gate's
+    agreement = metrics["agreement"]
     seen = (
         f"{len(live.cases)} cases of suite {suite.label} (no assertions): {agreement:.0%} of answers agree with stable"
     )
     if agreement < min_agreement - 1e-9:
-        return seen, [
-            f"answers agree with stable on {agreement:.0%} < {min_agreement:.0%} (changed: {', '.join(changed[:5])})"
-        ]
+        ids = ", ".join(c["id"] for c in changed[:5])
+        return seen, [f"answers agree with stable on {agreement:.0%} < {min_agreement:.0%} (changed: {ids})"]
     return seen, []

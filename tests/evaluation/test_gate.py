@@ -56,7 +56,7 @@ def test_the_defaults_pass_the_demo_on_any_cpu_and_refuse_a_broken_build():
     assert DEMO.replaced(min_accuracy=0.5).floors == {"reverse": 0.5, "json": 0.5}
     assert DEMO.replaced(max_perplexity=None) == DEMO  # None: not given
     with pytest.raises(ValueError, match="unknown gate thresholds"):
-        GateThresholds.with_overrides(min_acuracy=0.5)
+        GateThresholds().replaced(min_acuracy=0.5)
 
 
 def test_a_gate_family_below_the_floor_fails_with_its_rate_and_rule():

@@ -20,7 +20,6 @@ over a long life of worker recycling.
 
 from __future__ import annotations
 
-import importlib
 import json
 import logging
 import logging.handlers
@@ -36,6 +35,7 @@ from pathlib import Path
 from aieng.errors import AiengError, ConfigError
 from aieng.observability import metrics
 from aieng.observability.logs import log_event
+from aieng.user_hooks import load_hook
 
 log = logging.getLogger("aieng.server")
 
@@ -100,7 +100,9 @@ class Capture:
             raise ConfigError(f"AIENG_CAPTURE_DIR={settings.capture_dir!r}: cannot create it ({exc})") from None
         if not os.access(directory, os.W_OK):
             raise ConfigError(f"AIENG_CAPTURE_DIR={settings.capture_dir!r}: not writable by this user")
-        redact = load_hook(settings.capture_redact) if settings.capture_redact else None
+        redact = (
+            load_hook(settings.capture_redact, named_by="AIENG_CAPTURE_REDACT") if settings.capture_redact else None
+        )
         writer = CaptureWriter(
             directory, max_bytes=settings.capture_max_bytes, max_files=settings.capture_max_files, redact=redact
         )
@@ -360,17 +362,3 @@ def _alive(pid: int) -> bool:
     except PermissionError:  # someone else's process: alive
         return True
     return True
-
-
-def load_hook(spec: str):
-    """``module:function`` → the function, or a ConfigError saying what is wrong (at start, not per request)."""
-    module, _, name = spec.partition(":")
-    if not module or not name:
-        raise ConfigError(f"AIENG_CAPTURE_REDACT={spec!r}: give module:function")
-    try:
-        hook = getattr(importlib.import_module(module), name)
-    except Exception as exc:  # not found, or its module failed on import: either way, not at serve time
-        raise ConfigError(f"AIENG_CAPTURE_REDACT={spec!r}: cannot load it ({type(exc).__name__}: {exc})") from None
-    if not callable(hook):
-        raise ConfigError(f"AIENG_CAPTURE_REDACT={spec!r}: {name} is not callable")
-    return hook

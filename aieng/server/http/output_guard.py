@@ -27,7 +27,6 @@ the end-of-answer checks can only flag, in the last chunk.
 
 from __future__ import annotations
 
-import importlib
 import json
 import logging
 import re
@@ -35,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aieng.observability import metrics
+from aieng.user_hooks import load_hook
 
 log = logging.getLogger("aieng.server")
 
@@ -96,10 +96,9 @@ class OutputGuard:
             blocklist = tuple(Path(settings.guard_blocklist).read_text(encoding="utf-8").splitlines())
         hook = None
         if "hook" in checks:
-            module, _, name = settings.guard_hook.partition(":")
-            if not module or not name:
+            if not settings.guard_hook:
                 raise ValueError("output guard: the hook check needs AIENG_GUARD_HOOK=module:function")
-            hook = getattr(importlib.import_module(module), name)
+            hook = load_hook(settings.guard_hook, named_by="AIENG_GUARD_HOOK")
         if "json" in checks and not settings.guard_json_prompts:
             raise ValueError("output guard: the json check needs AIENG_GUARD_JSON_PROMPTS (a regex on the prompt)")
         return cls(

@@ -23,7 +23,7 @@ import pytest
 
 from aieng.errors import ConfigError, NotReadyError
 from aieng.observability import metrics
-from aieng.server.http.capture import RECORD_KEYS, Capture, CaptureWriter, load_hook
+from aieng.server.http.capture import RECORD_KEYS, Capture, CaptureWriter
 from aieng.server.http.output_guard import Verdict
 from aieng.server.http.schemas import ChatCompletionRequest, CompletionRequest
 from aieng.settings import Settings
@@ -266,7 +266,3 @@ def test_settings_from_the_environment_and_a_directory_that_is_a_file(tmp_path, 
     (tmp_path / "file").write_text("")
     with pytest.raises(ConfigError, match="AIENG_CAPTURE_DIR"):
         Capture.from_settings(Settings(capture_dir=str(tmp_path / "file")))
-
-
-def test_load_hook_returns_the_function():
-    assert load_hook("json:dumps") is json.dumps
