@@ -61,9 +61,30 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
+    except Exception as exc:
+        if not _http_failure(exc):
+            raise
+        print(f"aieng: error: {_http_message(exc)}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("aieng: interrupted", file=sys.stderr)
         return 130
+
+
+def _http_failure(exc: BaseException) -> bool:
+    """A server that is down, slow or says no is a state of the world: one line, not a traceback.
+    (httpx is imported only by the commands that talk HTTP; if it is not loaded, it did not fail.)"""
+    httpx = sys.modules.get("httpx")
+    return httpx is not None and isinstance(exc, httpx.HTTPError)
+
+
+def _http_message(exc) -> str:
+    httpx = sys.modules["httpx"]
+    if isinstance(exc, httpx.HTTPStatusError):
+        answer = exc.response
+        return f"{exc.request.method} {exc.request.url} answered {answer.status_code}: {answer.text[:300]}"
+    where = exc.request.url if getattr(exc, "_request", None) is not None else "the server"
+    return f"could not talk to {where} ({type(exc).__name__}: {exc}); is the server running there and is --url right?"
 
 
 if __name__ == "__main__":

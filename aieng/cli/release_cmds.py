@@ -44,11 +44,39 @@ def add_parser(sub) -> None:
     p.add_argument("--max-latency-ratio", type=float, default=None, help="p99 vs baseline (default 2)")
     p.add_argument("--max-early-eos-rate", type=float, default=None, help="default 0.15")
     p.add_argument(
+        "--min-probe-agreement",
+        type=float,
+        default=None,
+        help="a suite without assertions: share of probe answers that must equal the replaced version's "
+        "served answers (default 0.8)",
+    )
+    p.add_argument(
         "--no-probe",
         action="store_true",
         help="skip the live quality probe (held-out prompts per family asked of the server first)",
     )
     p.set_defaults(handler=_watch)
+
+    p = verbs.add_parser(
+        "record-answers",
+        parents=[STORE],
+        help="keep the served version's probe answers, for the watchdog of the next release",
+        description="Ask the server the probe sample of a suite for NAME's current version (pinned) and "
+        "record the answers in that version's manifest (served_answers). Run it before swapping to a "
+        "version whose suite has no assertions: after the swap the watchdog holds the new version's "
+        "answers to these (a canary's shadow probe records them on its own). Idempotent.",
+    )
+    p.add_argument("name")
+    p.add_argument("--url", required=True, help="the server, e.g. http://127.0.0.1:8000")
+    p.add_argument(
+        "--for",
+        dest="for_version",
+        metavar="VERSION",
+        default=None,
+        help="ask the probe sample of this version's suite (the one about to be released); default: "
+        "the current version's own suite",
+    )
+    p.set_defaults(handler=_record_answers)
 
     p = verbs.add_parser(
         "canary",
@@ -128,6 +156,7 @@ def _watch(args: argparse.Namespace) -> int:
         "max_error_rate": args.max_error_rate,
         "max_latency_ratio": args.max_latency_ratio,
         "max_early_eos_rate": args.max_early_eos_rate,
+        "min_probe_agreement": args.min_probe_agreement,
     }
     thresholds = replace(RollbackThresholds(), **{k: v for k, v in overrides.items() if v is not None})
     result = watch(
@@ -147,6 +176,22 @@ def _watch(args: argparse.Namespace) -> int:
         return 0
     print(f"{args.name}@{result.version} undecided: {result.decision.reason}")
     return 4
+
+
+def _record_answers(args: argparse.Namespace) -> int:
+    from aieng.release.served_answers import ask_and_record
+    from aieng.store import ModelRef
+
+    store = store_from(args)
+    suite = store.suite(ModelRef(args.name, args.for_version)) if args.for_version else None
+    if args.for_version and suite is None:
+        raise SystemExit(f"{args.name}@{args.for_version} has no eval suite registered: nothing to ask")
+    try:
+        kept, version = ask_and_record(store, args.name, args.url, suite=suite, by="aieng release record-answers")
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
+    print(f"recorded the probe answers {args.url} served for {args.name}@{version} ({kept} kept)")
+    return 0
 
 
 def _seconds(text: str, flag: str = "--interval") -> float:

@@ -35,6 +35,7 @@ from aieng.release.decision import Window
 from aieng.release.probe import shadow_probe
 from aieng.release.promotion import judge, promote
 from aieng.release.reload import admin_reload, reload_server, worker_canaries, worker_versions
+from aieng.release.served_answers import record as record_answers
 from aieng.release.sources import PrometheusMetrics, ServerMetrics, promql
 from aieng.store import ModelRef, ModelStore
 from aieng.store.canary_record import clear_canary, set_canary
@@ -187,7 +188,7 @@ def run_canary(
         if suite is None:
             log(f"{tag} no shadow quality probe: neither version has an eval suite registered")
         else:
-            seen, dropped = shadow_probe(
+            seen, dropped, canary_answers, stable_answers = shadow_probe(
                 url,
                 name,
                 version,
@@ -197,6 +198,10 @@ def run_canary(
                 min_agreement=thresholds.min_probe_agreement,
             )
             log(f"{tag} shadow quality probe: {seen}")
+            # Kept with each version: after promotion stable is no longer served, and the watchdog
+            # holds the new version to what stable answered here (``served_answers``).
+            for answered, probe_result in ((stable, stable_answers), (version, canary_answers)):
+                record_answers(store, name, answered, probe_result, by="canary shadow probe", url=url)
             if dropped:
                 return _abort(
                     store,

@@ -51,6 +51,7 @@ class RollbackThresholds:
     max_latency_ratio: float = 2.0  # p99 against the baseline's p99 (the article's "2x baseline")
     max_ttft_ratio: float = 2.0
     max_throughput_drop: float = 0.2  # tokens/s below 80% of the baseline (the article's threshold)
+    min_probe_agreement: float = 0.8  # a suite without assertions: answers equal to the replaced version's
 
 
 @dataclass(frozen=True)

@@ -73,17 +73,17 @@ def shadow_probe(
     margin: float = 0.25,
     min_agreement: float = 0.8,
     token: str | None = None,
-) -> tuple[str, list[str]]:
+) -> tuple[str, list[str], ProbeResult, ProbeResult]:
     """Ask the canary and the stable version the same probe sample, each pinned by version.
 
-    Returns (what was seen, failures): with assertions, families whose canary rate falls more
-    than ``margin`` below stable's; without, an agreement of the two versions' greedy answers
-    below ``min_agreement``."""
+    Returns (what was seen, failures, canary's probe, stable's probe): failures are, with
+    assertions, families whose canary rate falls more than ``margin`` below stable's; without, an
+    agreement of the two versions' greedy answers below ``min_agreement``."""
     live = quality_probe(url, f"{name}@{version}", suite, token=token)
     reference = quality_probe(url, f"{name}@{stable}", suite, token=token)
     if live.rates is not None:
         seen = f"{len(live.cases)} cases of suite {suite.label}: canary {live.rates}, stable {reference.rates}"
-        return seen, regressed(live.rates, reference.rates, margin, against="stable")
+        return seen, regressed(live.rates, reference.rates, margin, against="stable"), live, reference
     metrics, changed = comparison_metrics(live.cases, reference.answers, live.answers)  # the comparison gate's
     agreement = metrics["agreement"]
     seen = (
@@ -91,5 +91,6 @@ def shadow_probe(
     )
     if agreement < min_agreement - 1e-9:
         ids = ", ".join(c["id"] for c in changed[:5])
-        return seen, [f"answers agree with stable on {agreement:.0%} < {min_agreement:.0%} (changed: {ids})"]
-    return seen, []
+        failures = [f"answers agree with stable on {agreement:.0%} < {min_agreement:.0%} (changed: {ids})"]
+        return seen, failures, live, reference
+    return seen, [], live, reference

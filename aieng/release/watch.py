@@ -21,7 +21,9 @@ from dataclasses import dataclass, field
 
 from aieng.observability.scrape import Snapshot, delta, scrape
 from aieng.release.decision import HOLD, PROMOTE, ROLLBACK, Decision, RollbackThresholds, Window, decide
-from aieng.release.probe import probe_cases, quality_probe, regressed
+from aieng.release.probe import quality_probe, regressed
+from aieng.release.served_answers import agreement_with_recorded
+from aieng.release.served_answers import record as record_answers
 from aieng.store import ModelRef, ModelStore
 
 GENERATION_ROUTES = ("/v1/completions", "/v1/chat/completions")
@@ -103,7 +105,9 @@ def watch(
 
     ``probe``: first ask the server a sample of the version's suite (``probe.quality_probe``)
     and count it as an eval regression when a family falls well below the stable version's
-    recorded eval. ``reload(url, version)`` hot-swaps the server after a rollback
+    recorded eval, or, for a suite without assertions, when fewer than
+    ``thresholds.min_probe_agreement`` of the answers equal the replaced version's served ones.
+    ``reload(url, version)`` hot-swaps the server after a rollback
     (``release.reload.reload_server`` by default)."""
     if reload is None:
         from aieng.release.reload import reload_server as reload
@@ -116,7 +120,7 @@ def watch(
     checks: list[dict] = []
     quality_drop: list[str] = []
     if probe:
-        quality_drop = _probe(store, name, version, url, log)
+        quality_drop = _probe(store, name, version, url, thresholds.min_probe_agreement, log)
     # The window opens after the probe: its own short, held-out answers are judged by the probe,
     # and counted with the users' traffic they would pass for an early-EOS storm.
     start, first = time.monotonic(), scrape(url)
@@ -187,20 +191,36 @@ def _previous(store: ModelStore, name: str, version: str) -> str | None:
     return None
 
 
-def _probe(store: ModelStore, name: str, version: str, url: str, log) -> list[str]:
-    """The version's suite asked live and judged by its assertions against the stable version's
-    recorded rates. A suite without assertions has nothing to judge here (its answers were
-    compared with stable's before promotion and by the canary's shadow probe): said, not skipped
+def _probe(store: ModelStore, name: str, version: str, url: str, min_agreement: float, log) -> list[str]:
+    """The version's suite asked live (pinned to the version) and its answers recorded with it.
+
+    A labelled suite is judged by its assertions against the stable version's recorded rates. A
+    suite without assertions by agreement with what the replaced version answered to the same
+    requests while it was served (``served_answers``: the canary's shadow probe or
+    ``aieng release record-answers`` kept them); where none were kept, that is said, not skipped
     silently."""
     tag = f"[watch {name}@{version}]"
     suite = store.suite(ModelRef(name, version))
-    if suite is None or not any(c.labelled for c in probe_cases(suite)):
-        why = "no eval suite is registered with it" if suite is None else f"suite {suite.label} has no assertions"
-        log(f"{tag} no quality probe: {why}; errors, latency and early EOS are still watched")
+    if suite is None:
+        log(f"{tag} no quality probe: no eval suite is registered with it; errors, latency and early EOS are watched")
         return []
-    live = quality_probe(url, name, suite).rates
-    dropped = regressed(live, _reference_accuracy(store, name, version))
-    log(f"{tag} quality probe ({suite.label}): {live}" + (f"; regressed: {dropped}" if dropped else ""))
+    live = quality_probe(url, f"{name}@{version}", suite)
+    record_answers(store, name, version, live, by="watch", url=url)
+    if live.rates is not None:
+        dropped = regressed(live.rates, _reference_accuracy(store, name, version))
+        log(f"{tag} quality probe ({suite.label}): {live.rates}" + (f"; regressed: {dropped}" if dropped else ""))
+        return dropped
+    previous = _previous(store, name, version)
+    if previous is None or previous not in store.versions(name):
+        log(
+            f"{tag} no quality probe: suite {suite.label} has no assertions and no version was replaced to compare with"
+        )
+        return []
+    seen, dropped = agreement_with_recorded(store, name, previous, live, min_agreement)
+    if dropped is None:
+        log(f"{tag} no quality probe: suite {suite.label} has no assertions and {seen}")
+        return []
+    log(f"{tag} quality probe ({suite.label}, no assertions): {seen}" + (f"; {dropped[0]}" if dropped else ""))
     return dropped
 
 

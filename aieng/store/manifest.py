@@ -37,6 +37,7 @@ class Manifest:
     release_gate: dict | None = None  # the gate's decision, thresholds, who and why, at promotion
     suite: dict | None = None  # the eval suite stored with the version: name, sha256, file, thresholds
     comparison: dict | None = None  # answers compared with another version's (`aieng eval --compare`)
+    served_answers: dict | None = None  # its probe answers as served (`aieng.release.served_answers`)
     status: str = "candidate"
     extra: dict = field(default_factory=dict)
 

@@ -336,9 +336,9 @@ class ModelStore:
 
     # -- manifest updates ----------------------------------------------------------------------
     def update_manifest(self, ref: ModelRef, **changes) -> Manifest:
-        """Set mutable fields (``eval``, ``comparison``, ``performance_baseline``, ``status``); hashes
-        and the stored suite are never touched."""
-        allowed = {"eval", "comparison", "performance_baseline", "status"}
+        """Set mutable fields (``eval``, ``comparison``, ``served_answers``, ``performance_baseline``,
+        ``status``); hashes and the stored suite are never touched."""
+        allowed = {"eval", "comparison", "served_answers", "performance_baseline", "status"}
         if set(changes) - allowed:
             raise StoreError(f"only {sorted(allowed)} can change after registration")
         with self._lock(ref.name):

@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from aieng.bench.server_process import ServerProcess, ServerStartError
+from aieng.bench.server_process import ServerProcess, ServerStartError, free_port
+from aieng.store import ModelRef, ModelStore
 
 from ..command import aieng
 
@@ -139,3 +140,18 @@ def test_a_timeout_is_one_line_of_error_not_a_traceback(tmp_path):
         result = aieng("release", "canary", "demo", "--abort", "--reason", "test", store=tmp_path / "store")
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert result.stderr.strip() == "aieng: error: timed out: the workers did not converge on canary 2 at 10%"
+
+
+def test_a_server_that_does_not_answer_is_one_line_of_error_not_a_traceback(tmp_path, tiny_demo_dir):
+    store = tmp_path / "store"
+    assert (
+        aieng("model", "register", str(tiny_demo_dir), "--name", "tiny", "--version", "1", store=store).returncode == 0
+    )
+    assert aieng("model", "promote", "tiny", "1", "--force", "--reason", "test", store=store).returncode == 0
+    closed = f"http://127.0.0.1:{free_port()}"
+    result = aieng("release", "record-answers", "tiny", "--url", closed, store=store)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    assert f"could not talk to {closed}/v1/" in result.stderr and "is the server running there" in result.stderr
+    assert ModelStore(store).manifest(ModelRef("tiny", "1")).served_answers is None  # nothing recorded
+    missing = aieng("release", "record-answers", "tiny", "--url", closed, "--for", "9", store=store)
+    assert missing.returncode == 1 and "tiny@9 does not exist" in missing.stderr

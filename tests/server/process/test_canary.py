@@ -14,6 +14,7 @@ from aieng.server.process.canary_serving import assigned_to_canary
 from aieng.store.canary_record import clear_canary, set_canary
 
 from ...polling import poll
+from ...suites import write_prompts_only_suite
 
 
 def test_the_split_follows_the_weight_and_raising_it_only_moves_sessions_to_the_canary():
@@ -314,30 +315,13 @@ def test_a_suite_without_assertions_probes_by_agreement_with_stable(
 ):
     """A model with no labels: its suite is prompts only. The shadow probe asks both versions and
     rolls back a canary whose answers moved (one decoder layer perturbed) before any user meets it."""
-    import yaml
-
     from aieng.demo.degrade import perturbed_copy
     from aieng.release.canary_rollout import run_canary
     from aieng.store import ModelRef
 
     monkeypatch.setenv("AIENG_ADMIN_TOKEN", "test-admin-token")
     stable = store.current("demo")
-    prompts = tmp_path / "prompts.yaml"
-    questions = ["reverse: egg oak van", "sort: pen oak ice", "add: 12+7", "json: name=moon", "reverse: tree ice"]
-    prompts.write_text(
-        yaml.safe_dump(
-            {
-                "format": "aieng-suite/1",
-                "name": "prompts-only",
-                "version": 1,
-                "defaults": {"max_tokens": 16},
-                "cases": [
-                    {"id": f"q{i}", "family": "chat", "messages": [{"role": "user", "content": q}]}
-                    for i, q in enumerate(questions)
-                ],
-            }
-        )
-    )
+    prompts = write_prompts_only_suite(tmp_path / "prompts.yaml")
     moved = perturbed_copy(demo_model_dir, tmp_path / "layer", only="layers.1.", noise=2.0)
     store.register(moved, "demo", "10", suite=prompts)
     # Its comparison claims it agrees (recorded by hand): only the live probe can tell.
@@ -350,3 +334,10 @@ def test_a_suite_without_assertions_probes_by_agreement_with_stable(
     assert result.outcome == "rolled_back" and result.rule == "quality", logs
     assert "answers agree with stable on" in result.reason and "(no assertions)" in " ".join(logs), logs
     assert "10" not in {version for _, version in load.records} and store.current("demo") == stable
+    from aieng.release.probe import probe_cases
+    from aieng.release.served_answers import recorded
+
+    asked = probe_cases(store.suite(ModelRef("demo", "10")))
+    for version in (stable, "10"):  # both versions' served answers kept: stable's for the watchdog
+        assert store.manifest(ModelRef("demo", version)).served_answers["by"] == "canary shadow probe"
+        assert recorded(store, "demo", version, asked)[1] == 0  # an answer to every probe request

@@ -17,6 +17,7 @@ from aieng.release.reload import worker_versions
 from aieng.store import ModelRef
 
 from ...polling import poll
+from ...suites import write_prompts_only_suite
 
 TOKEN = "test-admin-token"  # the admin token of the server fixture (conftest.py)
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -330,6 +331,46 @@ def test_the_watchdog_probe_rolls_back_a_fast_but_wrong_version(server, store, m
     healthy = quality_probe(server.base_url, "demo", suite)  # and passes the version that is fine
     assert len(healthy.cases) == 32 and all(c.use == "probe" for c in healthy.cases)  # never the gate's cases
     assert not regressed(healthy.rates, store.manifest(ModelRef("demo", "1")).eval["metrics"]["accuracy"]), healthy
+
+
+def test_the_watchdog_holds_a_suite_without_assertions_to_what_the_replaced_version_served(
+    server, store, monkeypatch, capsys, tmp_path, demo_model_dir
+):
+    """No labels, and after a swap the replaced version is no longer served: its answers to the
+    new version's probe are recorded while it is (`aieng release record-answers`, as the deploy
+    runbook does before its swap). An exact copy agrees and is kept; the watch records the copy's
+    answers in turn, and the next release, one decoder layer perturbed, is rolled back on them."""
+    from aieng.cli.main import main
+    from aieng.demo.degrade import perturbed_copy
+    from aieng.release.watch import watch
+
+    monkeypatch.setenv("AIENG_ADMIN_TOKEN", TOKEN)
+    stable, url = store.current("demo"), server.base_url
+    suite = write_prompts_only_suite(tmp_path / "prompts.yaml")
+    store.register(demo_model_dir, "demo", "6", suite=suite)
+    store.register(
+        perturbed_copy(demo_model_dir, tmp_path / "layer", only="layers.1.", noise=2.0), "demo", "7", suite=suite
+    )
+    record = ["--store", str(store.root), "release", "record-answers", "demo", "--url", url, "--for", "6"]
+    assert main(record) == 0 and f"served for demo@{stable} (5 kept)" in capsys.readouterr().out
+
+    store.promote("demo", "6", reason="test: an exact copy")
+    wait_for_version(url, "6")
+    logs: list[str] = []
+    copy = watch(store, "demo", url, interval_s=0.5, max_wait_s=1.0, log=logs.append)
+    assert copy.rolled_back_to is None and store.current("demo") == "6", logs
+    assert f"100% of 5 answers agree with demo@{stable}'s served answers" in " ".join(logs)
+    assert store.manifest(ModelRef("demo", "6")).served_answers["by"] == "watch"
+
+    store.promote("demo", "7", reason="test: a perturbed layer forced live")
+    wait_for_version(url, "7")
+    logs = []
+    moved = watch(store, "demo", url, interval_s=0.5, log=logs.append)
+    assert moved.rolled_back_to == "6" and moved.decision.rule == "eval_regression", logs
+    assert "answers agree with 6 on" in store.history("demo")[-2]["reason"]
+    assert set(worker_versions(url).values()) == {"6"}
+    store.rollback("demo", to=stable, reason="test: back to the stable version")
+    wait_for_version(url, stable)
 
 
 def test_admin_routes_are_absent_without_a_token(inprocess_demo):

@@ -18,6 +18,7 @@ from aieng.store import ModelRef
 from aieng.workbook.runbooks import execute
 
 from ...polling import poll
+from ...suites import write_prompts_only_suite
 from .conftest import ADMIN_TOKEN
 
 EVAL = {
@@ -88,6 +89,25 @@ def test_deploy_swaps_watches_and_a_rerun_after_success_changes_nothing(at_versi
     again = outputs(execute("deploy_model", params, runs_dir=tmp_path))
     assert "already current: nothing to promote" in again and "nothing new to watch" in again
     assert store.history("demo") == history
+
+
+def test_a_deploy_without_labels_compares_records_what_stable_served_and_the_watch_is_held_to_it(
+    at_version_1, store, server, demo_model_dir, tmp_path
+):
+    """A version whose suite has only prompts: the gate compares its answers with v1's in process,
+    the runbook records what v1 serves to its probe before the swap, and after the swap, with v1
+    no longer served, the watch judges the new version's live answers by agreement with those."""
+    suite = write_prompts_only_suite(tmp_path / "prompts.yaml")
+    with_eval(store, "1")
+    params = {**at_version_1, "source": str(demo_model_dir), "version": "8", "suite": str(suite)}
+    record = outputs(
+        execute("deploy_model", {**params, "watch_window_s": 1, "watch_interval_s": 0.5}, runs_dir=tmp_path)
+    )
+    assert '"agreement": 1.0' in record  # the comparison gate, an exact copy
+    assert "recorded demo@1's served answers to 8's probe sample (5 kept)" in record
+    assert "100% of 5 answers agree with demo@1's served answers" in record
+    assert store.current("demo") == "8" and set(worker_versions(server.base_url).values()) == {"8"}
+    assert store.manifest(ModelRef("demo", "8")).served_answers["by"] == "watch"
 
 
 def test_a_hot_swap_that_fails_after_promotion_prints_the_undo_and_the_undo_restores_agreement(
