@@ -75,10 +75,7 @@ def gpu_totals() -> list[int]:
         try:
             import torch
 
-            return [
-                nvml.nvmlDeviceGetMemoryInfo(nvml.nvmlDeviceGetHandleByIndex(_physical_index(i))).total
-                for i in range(torch.cuda.device_count())
-            ]
+            return [nvml.nvmlDeviceGetMemoryInfo(nvml_handle(nvml, i)).total for i in range(torch.cuda.device_count())]
         except Exception:
             pass
     import subprocess
@@ -209,7 +206,7 @@ def memory_snapshot() -> list[DeviceMemory]:
         utilization = None
         if nvml is not None:
             try:
-                handle = nvml.nvmlDeviceGetHandleByIndex(_physical_index(index))
+                handle = nvml_handle(nvml, index)
                 utilization = nvml.nvmlDeviceGetUtilizationRates(handle).gpu / 100
             except Exception:  # a driver without the query: no reading rather than no metrics
                 utilization = None
@@ -225,13 +222,70 @@ def memory_snapshot() -> list[DeviceMemory]:
     return readings
 
 
-def _physical_index(index: int) -> int:
-    """NVML counts every GPU on the host; torch only those in CUDA_VISIBLE_DEVICES."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
-    ids = [part.strip() for part in visible.split(",") if part.strip()]
-    if ids and index < len(ids) and ids[index].isdigit():
-        return int(ids[index])
-    return index
+def visible_devices(environ=os.environ) -> list[str] | None:
+    """``CUDA_VISIBLE_DEVICES`` as CUDA reads it: None when unset (every GPU, in NVML's order),
+    else its entries up to the first that is not a device (CUDA ignores the rest): indices, GPU
+    UUIDs (``GPU-…``, whole or a unique prefix) and MIG instances (``MIG-<uuid>``, or the older
+    ``MIG-GPU-<uuid>/<gpu instance>/<compute instance>``)."""
+    value = environ.get("CUDA_VISIBLE_DEVICES")
+    if value is None:
+        return None
+    entries = []
+    for part in (p.strip() for p in value.split(",")):
+        if not (part.isdigit() or part.startswith(("GPU-", "MIG-"))):
+            break
+        entries.append(part)
+    return entries
+
+
+def nvml_handle(nvml, index: int, environ=os.environ):
+    """NVML's handle of torch's ``cuda:<index>``. NVML numbers every GPU on the host, torch only
+    the visible ones, and the visible ones may be named by UUID or be MIG instances."""
+    entries = visible_devices(environ)
+    if entries is None:
+        return nvml.nvmlDeviceGetHandleByIndex(index)
+    if index >= len(entries):
+        raise LookupError(f"cuda:{index} is not among CUDA_VISIBLE_DEVICES={environ.get('CUDA_VISIBLE_DEVICES')!r}")
+    entry = entries[index]
+    if entry.isdigit():
+        return nvml.nvmlDeviceGetHandleByIndex(int(entry))
+    if entry.startswith("MIG-GPU-"):  # MIG-GPU-<uuid>/<gpu instance>/<compute instance>
+        parent, gi, ci = entry[len("MIG-") :].split("/")
+        for uuid, handle in _nvml_devices(nvml):
+            if uuid.startswith("MIG-") and _mig_ids(nvml, handle) == (parent, int(gi), int(ci)):
+                return handle
+        raise LookupError(f"no MIG instance {entry} on this host")
+    matches = [handle for uuid, handle in _nvml_devices(nvml) if uuid == entry or uuid.startswith(entry)]
+    if len(matches) != 1:
+        raise LookupError(f"CUDA_VISIBLE_DEVICES entry {entry!r} names {len(matches)} devices on this host, not one")
+    return matches[0]
+
+
+def _nvml_devices(nvml):
+    """(UUID, handle) of every GPU on the host and of every MIG instance on them."""
+    for i in range(nvml.nvmlDeviceGetCount()):
+        gpu = nvml.nvmlDeviceGetHandleByIndex(i)
+        yield _text(nvml.nvmlDeviceGetUUID(gpu)), gpu
+        try:
+            slots = nvml.nvmlDeviceGetMaxMigDeviceCount(gpu)
+        except nvml.NVMLError:  # MIG not supported on this card
+            continue
+        for slot in range(slots):
+            try:
+                mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(gpu, slot)
+            except nvml.NVMLError:  # an empty slot
+                continue
+            yield _text(nvml.nvmlDeviceGetUUID(mig)), mig
+
+
+def _mig_ids(nvml, mig) -> tuple[str, int, int]:
+    parent = nvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(mig)
+    gpu_instance, compute_instance = nvml.nvmlDeviceGetGpuInstanceId(mig), nvml.nvmlDeviceGetComputeInstanceId(mig)
+    return _text(nvml.nvmlDeviceGetUUID(parent)), gpu_instance, compute_instance
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else value
 
 
 _NVML = None

@@ -8,10 +8,11 @@ build needs. Then, in order:
     moves torch's block out of both locks into ``torch-cpu.lock`` (the pin keeps its ``+cpu``
     local version, so pip takes nothing else from the CPU index), copies pip's block from
     ``dev.lock`` into ``pip.lock``, and writes the input for the registry's resolution: torch's
-    public release, constrained to the versions ``dev.lock`` already pins.
+    public release, constrained to the versions ``dev.lock`` already pins, and nvidia-ml-py
+    (NVML: GPU totals and utilisation read without a CUDA context, ``aieng.host.gpus``).
 ``registry``
     takes pip-compile's resolution of that input against the registry alone and keeps only what
-    the main locks lack: torch and the CUDA libraries its Linux build requires. Each of those
+    the main locks lack: torch, the CUDA libraries its Linux build requires, and nvidia-ml-py. Each of those
     gets torch's own marker (``platform_system == "Linux"``), so the same lock installs the
     registry's CPU-only builds on macOS and Windows. A shared package at a version other than the
     main locks' is an error: the two installs would fight over it.
@@ -59,7 +60,8 @@ def split(locks: Path) -> None:
     public = torch.version.split("+", 1)[0]
     pins = read_lock(locks / "dev.lock")
     (locks / "torch-registry.constraints").write_text("".join(f"{n}=={v}\n" for n, v in sorted(pins.items())))
-    (locks / "torch-registry.in").write_text(f"-c torch-registry.constraints\ntorch=={public}\n")
+    # nvidia-ml-py: NVML, so GPU totals and utilisation are read without a CUDA context (aieng.host.gpus)
+    (locks / "torch-registry.in").write_text(f"-c torch-registry.constraints\ntorch=={public}\nnvidia-ml-py\n")
 
 
 def registry(locks: Path) -> None:

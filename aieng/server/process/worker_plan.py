@@ -67,6 +67,7 @@ def plan_workers(
         if workers < 1:
             raise ValueError(f"workers must be >= 1 or 'auto', got {requested}")
         if device != "cpu":
+            check_gpu_workers(workers, gpus, gpus_per_worker)
             return WorkerPlan(
                 workers, max(1, cores // workers), f"{workers} requested; {cores} cores split between them"
             )
@@ -96,6 +97,23 @@ def plan_workers(
         threads,
         f"min(cores/2 = {by_cores}, memory fit = {by_memory}) -> {workers} (limited by {limit}); {why}",
     )
+
+
+def check_gpu_workers(workers: int, gpus: int, gpus_per_worker: int = 1) -> None:
+    """Refuse a worker count that would put two workers on one GPU: each would hold its own CUDA
+    context and copy of the weights, and each is allowed the memory fraction of the whole card,
+    so together they overrun it (out of memory under load, not at start)."""
+    if gpus_per_worker > 1 and workers > 1:
+        raise ConfigError(
+            f"--workers {workers}: the weights are split across {gpus_per_worker} GPUs and one worker serves "
+            "them; a second worker would need as many GPUs again. Use --workers 1 (or auto)"
+        )
+    if gpus and workers > gpus:
+        raise ConfigError(
+            f"--workers {workers} on {gpus} visible GPU(s) would put two workers on one GPU, each with its own "
+            f"weights and the whole memory fraction. Use --workers {gpus} or fewer (auto: one per GPU); for more "
+            "throughput, raise AIENG_MAX_BATCH_SIZE: a worker batches on its GPU"
+        )
 
 
 def cpu_threads(cores: int, workers: int, weight_bytes: int) -> tuple[int, str]:

@@ -1,5 +1,6 @@
 import pytest
 
+from aieng.errors import ConfigError
 from aieng.server.process.worker_plan import COMPUTE_BOUND_WEIGHT_BYTES, plan_workers
 
 GiB = 1024**3
@@ -124,3 +125,32 @@ def test_memory_needs_count_the_weight_copies_the_formats_may_make(formats, copi
     needs = memory_needs(Settings(weight_formats=formats, max_batch_size=4), loaded)
     assert needs.weight_bytes == params * (4 + copies[0])
     assert needs.per_worker_bytes == PER_WORKER_OVERHEAD + needs.kv_bytes + params * copies[1]
+
+
+@pytest.mark.parametrize(
+    "workers, gpus, per_worker, message",
+    [
+        (3, 2, 1, "--workers 3 on 2 visible GPU\\(s\\) would put two workers on one GPU"),
+        (2, 1, 1, "Use --workers 1 or fewer"),
+        (2, 4, 2, "split across 2 GPUs and one worker serves them"),
+    ],
+)
+def test_an_explicit_gpu_worker_count_that_would_share_a_gpu_is_refused(workers, gpus, per_worker, message):
+    with pytest.raises(ConfigError, match=message):
+        plan_workers(
+            cores=32,
+            available_bytes=64 * GiB,
+            weight_bytes=GiB,
+            per_worker_bytes=GiB,
+            device="cuda",
+            gpus=gpus,
+            requested=workers,
+            gpus_per_worker=per_worker,
+        )
+
+
+def test_an_explicit_gpu_worker_count_that_fits_is_kept():
+    plan = plan_workers(
+        cores=32, available_bytes=GiB, weight_bytes=GiB, per_worker_bytes=GiB, device="cuda", gpus=4, requested=2
+    )
+    assert (plan.workers, plan.torch_threads) == (2, 16)
