@@ -118,6 +118,14 @@ class Settings:
         "aieng_slo_e2e_p99_seconds, which the AiengE2ELatencyP99High alert compares with: set your service's",
     )
     graceful_timeout_s: int = _setting(30, "after SIGTERM, in-flight requests get this long to finish")
+    worker_timeout_s: int = _setting(
+        120, "a serving worker that stops heart-beating this long is killed and replaced (gunicorn's timeout)"
+    )
+    worker_start_timeout_s: float = _setting(
+        1800.0,
+        "a worker's start (on CUDA: verify and load the weights, then the engine) may take this long; "
+        "it heart-beats meanwhile, then a start still running is killed after worker_timeout_s",
+    )
     step_timeout_s: float = _setting(
         120.0,
         "an engine step running longer marks the worker unready (503 `stuck`), "
@@ -228,6 +236,9 @@ class Settings:
         "each worker checks the store's `current` this often and hot-swaps to it "
         "when it changed (N alone in AIENG_MODEL; N@V pins); 0 = only on "
         "POST /admin/reload",
+    )
+    test_start_delay_s: float = _setting(
+        0.0, "tests only: each worker sleeps this long as its start begins (a slow model load)"
     )
     test_step_delay: str = _setting(
         "",

@@ -8,8 +8,10 @@ worker_class = "aieng.server.process.worker.AiengUvicornWorker"
 # Weights are verified and loaded once in the master, then shared copy-on-write by the workers
 # (see aieng.server.process.runtime: one torch thread and gc.freeze() before fork; nothing on CUDA).
 preload_app = True
-# A worker that stops heart-beating this long is killed and replaced. The engine runs in its own
-# thread, so the event loop keeps heart-beating even during long generations.
+# A worker that stops heart-beating this long is killed and replaced (`aieng serve` sets it from
+# AIENG_WORKER_TIMEOUT_S). The engine runs in its own thread, so the event loop keeps heart-beating
+# even during long generations, and during the start too (start_heartbeat.py: a model that loads
+# for longer than this is not a hung worker), up to AIENG_WORKER_START_TIMEOUT_S.
 timeout = 120
 # SIGTERM: in-flight requests have this long to finish before the worker is killed.
 graceful_timeout = 30

@@ -197,6 +197,8 @@ class Runtime:
             self._warm_then_serve()
 
     def _start_engine(self) -> None:
+        if self.settings.test_start_delay_s:  # AIENG_TEST_START_DELAY_S: a start as slow as a large load
+            time.sleep(self.settings.test_start_delay_s)
         if self.config.torch_threads:
             torch.set_num_threads(self.config.torch_threads)
         if self.loaded is None:  # CUDA (the master never loads there): this worker's GPU share first

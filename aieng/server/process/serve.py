@@ -82,6 +82,7 @@ def serve(settings: Settings, progress: StartupProgress | None = None) -> None:
         "bind": f"{settings.host}:{settings.port}",
         "workers": plan.workers,
         "graceful_timeout": settings.graceful_timeout_s,
+        "timeout": settings.worker_timeout_s,
         "loglevel": settings.log_level,
         "max_requests": settings.max_requests,
         "max_requests_jitter": settings.max_requests // 10,

@@ -22,6 +22,8 @@ from uvicorn_worker import UvicornWorker
 
 from aieng.server.process.gpu_worker import pin_worker
 from aieng.server.process.http_protocol import GuardedHttpToolsProtocol
+from aieng.server.process.start_heartbeat import beat_interval, beat_while_starting
+from aieng.settings import Settings
 
 log = logging.getLogger("aieng.server")
 
@@ -145,6 +147,28 @@ def resident_bytes() -> int:
 
 
 class AiengUvicornWorker(UvicornWorker):
+    async def _beat_while_starting(self, server, runtime) -> str:
+        """gunicorn's heartbeat while the app's startup loads the model (start_heartbeat.py)."""
+        settings = runtime.settings if runtime is not None else Settings()
+        limit_s = settings.worker_start_timeout_s
+
+        def on_limit() -> None:
+            log.error(
+                "worker start still running after AIENG_WORKER_START_TIMEOUT_S=%gs: heart-beating stops, "
+                "gunicorn kills it after AIENG_WORKER_TIMEOUT_S=%ds; the log above says which phase it was in",
+                limit_s,
+                self.cfg.timeout,
+                extra={"event": "worker_start_timeout"},
+            )
+
+        return await beat_while_starting(
+            self.notify,
+            lambda: server.started or server.should_exit,
+            interval_s=beat_interval(self.cfg.timeout),
+            limit_s=limit_s,
+            on_limit=on_limit,
+        )
+
     # http_protocol.py: uvicorn's httptools protocol plus a header deadline and an enveloped 503
     CONFIG_KWARGS = {"loop": "uvloop", "http": GuardedHttpToolsProtocol, "lifespan": "on"}
 
@@ -167,6 +191,10 @@ class AiengUvicornWorker(UvicornWorker):
             max_memory_bytes=memory_mb * 2**20,
         )
         self._install_sigquit_handler()
-        await server.serve(sockets=self.sockets)
+        heartbeat = asyncio.ensure_future(self._beat_while_starting(server, runtime))
+        try:
+            await server.serve(sockets=self.sockets)
+        finally:
+            heartbeat.cancel()
         if not server.started:
             sys.exit(Arbiter.WORKER_BOOT_ERROR)

@@ -131,3 +131,17 @@ def test_a_benchmark_waits_for_a_background_compilation_before_measuring(demo_st
         proc.wait_until_compiled(timeout=600)
         body = httpx.get(f"{proc.base_url}/health/ready").json()
     assert body == {"status": "ready", "model": "demo", "version": "1", "device": "cpu", "template_version": 1}
+
+
+def test_a_worker_start_longer_than_the_worker_timeout_is_not_killed(demo_store):
+    """On CUDA each worker verifies and loads the weights in its start, and gunicorn kills a worker
+    silent for its timeout, starting or not: a large model would be killed and replaced forever.
+    Here the start is made slower than the timeout on purpose (a CPU host loads in the master)."""
+    env = {"AIENG_WORKER_TIMEOUT_S": "2", "AIENG_TEST_START_DELAY_S": "7", "AIENG_COMPILE": "0"}
+    with ServerProcess(store=demo_store.root, extra_args=["--workers", "1"], env=env, ready_timeout=120) as proc:
+        answer = httpx.post(
+            f"{proc.base_url}/v1/completions", json={"model": "demo", "prompt": "reverse: ab", "max_tokens": 2}
+        )
+        assert answer.status_code == 200, answer.text
+    output = proc.output()
+    assert "WORKER TIMEOUT" not in output and output.count("Booting worker") == 1, output[-3000:]
