@@ -113,6 +113,7 @@ class Runtime:
         self.canary: Serving | None = None  # the version served beside `serving` to a share of requests
         self.canary_weight = 0.0
         self.gpu_split = None  # aieng.host.gpus.SplitPlan when the weights span several GPUs (set before fork)
+        self.verified: dict = {}  # versions hashed whole in this process or before fork (startup.PhasedStore)
         self.worker_plan = None  # aieng serve's WorkerPlan (set before fork): logged with the engine's choices
         self.swapper = HotSwapper(self)  # follows the store's `current` and canary record (hot_swap.py, canary.py)
 
@@ -121,7 +122,7 @@ class Runtime:
         """Verify (always) and, on CPU, load before fork. Raises AiengError when it must not serve."""
         load_config = LoadConfig.from_settings(self.settings)
         on_cuda = wants_cuda(load_config.device)
-        store = PhasedStore(self.settings.store, self.progress, load_next=not on_cuda)
+        store = PhasedStore(self.settings.store, self.progress, load_next=not on_cuda, verified=self.verified)
         try:
             version = store.resolve(self.ref)
             self.model_version = version
@@ -203,7 +204,7 @@ class Runtime:
             torch.set_num_threads(self.config.torch_threads)
         if self.loaded is None:  # CUDA (the master never loads there): this worker's GPU share first
             gpu_worker.apply_fraction(self)
-            store = PhasedStore(self.settings.store, self.progress, load_next=True)
+            store = PhasedStore(self.settings.store, self.progress, load_next=True, verified=self.verified)
             self.loaded = load_version(store, self.ref, self.load_config())
             gpu_worker.fit_kv_to_gpu(self)  # the KV budget from what the weights and a probe left
         self.model_version = self.loaded.version

@@ -28,7 +28,7 @@ import time
 import weakref
 
 from aieng.errors import AiengError
-from aieng.store import ModelStore
+from aieng.store import ModelStore, VerifyReport
 
 log = logging.getLogger("aieng.server.startup")
 
@@ -202,24 +202,45 @@ class StartupProgress:
 class PhasedStore(ModelStore):
     """The store as ``load_version`` sees it, reporting the phases of a load: ``verify`` while
     the hashes are checked, then (``load_next``) ``load`` the moment they check out, so the two
-    are logged apart without hashing the files twice."""
+    are logged apart without hashing the files twice.
 
-    def __init__(self, root, progress: StartupProgress, *, load_next: bool):
+    ``verified`` (shared, filled here): what was hashed and found whole, by version, with each
+    file's size, times and inode at that moment. On CUDA the master verifies and each worker
+    loads; a worker (forked with this record) re-hashes a version only when a file changed since
+    the master's check (any write moves a file's ctime, which no user can set back), so N workers
+    do not read every byte N more times before they load."""
+
+    def __init__(self, root, progress: StartupProgress, *, load_next: bool, verified: dict | None = None):
         super().__init__(root)
         self.progress = progress
         self.load_next = load_next
+        self.verified = verified
 
     def verify_or_raise(self, ref):
         ref = type(ref)(ref.name, self.resolve(ref))
         directory = self.version_dir(ref.name, ref.version)
         files = [p for p in directory.rglob("*") if p.is_file()]
         size = sum(p.stat().st_size for p in files)
-        self.progress.begin("verify", f"sha256 of {ref.name}@{ref.version}: {len(files)} files, {size / 2**20:.0f} MiB")
-        report = super().verify_or_raise(ref)
+        seen = file_fingerprint(directory, files)
+        key = f"{ref.name}@{ref.version}"
+        if self.verified is not None and self.verified.get(key) == seen:
+            self.progress.begin("verify", f"{key}: {len(files)} files unchanged since they were hashed before fork")
+            report = VerifyReport(ref.name, ref.version, [])
+        else:
+            self.progress.begin("verify", f"sha256 of {key}: {len(files)} files, {size / 2**20:.0f} MiB")
+            report = super().verify_or_raise(ref)
+            if self.verified is not None:
+                self.verified[key] = seen
         if self.load_next:
             weights = sum(p.stat().st_size for p in files if p.suffix == ".safetensors")
             self.progress.begin("load", f"{ref.name}@{ref.version} weights, {weights / 2**20:.0f} MiB")
         return report
+
+
+def file_fingerprint(directory, files) -> dict[str, tuple[int, int, int, int]]:
+    """Per file: size, mtime and ctime (ns) and inode; equal only if no file was written or replaced."""
+    stats = {str(p.relative_to(directory)): p.stat() for p in files}
+    return {name: (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino) for name, st in sorted(stats.items())}
 
 
 def _reset_after_fork() -> None:

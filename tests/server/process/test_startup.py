@@ -195,3 +195,41 @@ def test_verify_and_load_are_two_phases_of_one_load_without_hashing_twice(tiny_d
     assert [r.phase for r in events(caplog, "startup_phase_start")] == ["verify", "load"]
     assert len(hashed) == 1 and progress.phase == "load"
     assert "tiny@1" in events(caplog, "startup_phase_start")[0].detail
+
+
+def test_a_worker_reuses_the_masters_verification_unless_a_file_changed_since(
+    tiny_demo_dir, tmp_path, monkeypatch, caplog
+):
+    """On CUDA the master verifies and every worker loads: a worker forked with the master's
+    record hashes nothing again, unless a file was written after the master hashed it."""
+    from aieng.errors import VerificationError
+    from aieng.loading.loader import load_version
+    from aieng.store import ModelRef, ModelStore
+    from aieng.store import store as store_module
+
+    caplog.set_level(logging.INFO, logger="aieng.server.startup")
+    ModelStore(tmp_path).register(tiny_demo_dir, "tiny", "1")
+    ModelStore(tmp_path).promote("tiny", "1")
+    hashed = []
+    real = store_module.compare_hashes
+    monkeypatch.setattr(store_module, "compare_hashes", lambda *a: hashed.append(1) or real(*a))
+    runtime = Runtime(RuntimeConfig(settings=Settings(store=tmp_path, model="tiny", device="cuda")))
+    runtime.progress = StartupProgress(heartbeat_s=3600)
+    runtime.prepare()  # the master on a CUDA host: verify only
+    assert runtime.loaded is None and len(hashed) == 1 and list(runtime.verified) == ["tiny@1"]
+
+    worker = PhasedStore(tmp_path, StartupProgress(heartbeat_s=3600), load_next=True, verified=runtime.verified)
+    load_version(worker, ModelRef("tiny", "1"))
+    assert len(hashed) == 1  # the worker's load hashed nothing again
+    verify = [r.detail for r in events(caplog, "startup_phase_start") if r.phase == "verify"]
+    assert verify[-1].startswith("tiny@1: ") and verify[-1].endswith(
+        "files unchanged since they were hashed before fork"
+    )
+
+    weights = next((tmp_path / "tiny" / "versions" / "1").glob("*.safetensors"))
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0xFF  # same size, one byte different: a write after the master's check
+    weights.write_bytes(bytes(data))
+    with pytest.raises(VerificationError):
+        load_version(worker, ModelRef("tiny", "1"))
+    assert len(hashed) == 2  # hashed again, and refused
