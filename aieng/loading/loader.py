@@ -15,7 +15,7 @@ import torch
 
 from aieng.errors import AiengError, ModelLoadError
 from aieng.loading.device import choose_device, choose_dtype
-from aieng.loading.memory import MemoryBudget, check_memory_budget
+from aieng.loading.memory import MemoryBudget, check_host_staging, check_memory_budget
 from aieng.model_facts import model_context_length
 from aieng.observability.metrics import MODEL_LOAD_ERRORS, MODEL_LOAD_SECONDS
 from aieng.settings import DEFAULTS
@@ -126,13 +126,16 @@ def _load(path: Path, *, label: str, num_parameters: int, config: LoadConfig) ->
             memory_headroom=config.memory_headroom,
             gpu_memory_fraction=config.gpu_memory_fraction,
         )
+    if device.type == "cuda":  # the weights go straight to the GPU: host RAM holds a shard's tensors at most
+        check_host_staging(label, path, memory_headroom=config.memory_headroom)
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=False)
-    placement = {"device_map": "auto", "max_memory": dict(config.max_memory)} if split else {}
+    if split:
+        placement = {"device_map": "auto", "max_memory": dict(config.max_memory)}
+    else:  # on CUDA each tensor is read from its file to the device, never the whole state dict in RAM first
+        placement = {"device_map": str(device)} if device.type == "cuda" else {}
     model = AutoModelForCausalLM.from_pretrained(
         path, local_files_only=True, trust_remote_code=False, use_safetensors=True, dtype=dtype, **placement
     )
-    if not split:
-        model.to(device)
     model.eval()
     if tokenizer.pad_token_id is None and tokenizer.eos_token_id is not None:
         tokenizer.pad_token = tokenizer.eos_token  # batching needs a pad id; eos is the usual stand-in

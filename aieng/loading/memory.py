@@ -78,3 +78,23 @@ def check_memory_budget(
             code="insufficient_memory",
         )
     return budget
+
+
+def check_host_staging(label: str, path, *, memory_headroom: float = 0.8, available_bytes: int | None = None) -> int:
+    """Loading to a GPU, the host holds one shard's tensors on their way at most (the files are
+    memory-mapped; what is read is page cache the kernel can drop): refuse when even the largest
+    shard cannot be staged. Returns the bytes staged at most."""
+    from pathlib import Path
+
+    staged = max((f.stat().st_size for f in Path(path).glob("*.safetensors")), default=0)
+    if available_bytes is None:
+        available_bytes = container_limits.limits().memory_available_bytes
+    allowed = int(available_bytes * memory_headroom)
+    if staged > allowed:
+        raise ModelLoadError(
+            f"{label}: loading to the GPU stages a shard of up to {staged / GiB:.2f} GiB in host RAM, but only "
+            f"{allowed / GiB:.2f} GiB is allowed ({available_bytes / GiB:.2f} GiB available × headroom "
+            f"{memory_headroom}). Free host memory, or re-shard the weights into smaller files",
+            code="insufficient_memory",
+        )
+    return staged

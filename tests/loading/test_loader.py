@@ -102,3 +102,49 @@ def test_remote_code_models_are_refused(tmp_path, tiny_demo_dir):
 def test_load_folder_loads_an_unregistered_model(tiny_demo_dir):
     loaded = load_folder(tiny_demo_dir)
     assert loaded.version is None and loaded.tokenizer.pad_token_id is not None
+
+
+def fake_gpu_load(monkeypatch, *, free=80 * 2**30):
+    """A CUDA device at torch's boundary: what the loader asks of transformers is recorded."""
+    import transformers
+
+    from aieng.loading import loader
+
+    asked = {}
+    real = transformers.AutoModelForCausalLM.from_pretrained
+
+    def from_pretrained(path, **kwargs):
+        asked.update(kwargs)
+        return real(path, **{k: v for k, v in kwargs.items() if k != "device_map"})  # built on the CPU here
+
+    monkeypatch.setattr(loader, "choose_device", lambda requested: torch.device("cuda", 1))
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda index=None: (free, free))
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", from_pretrained)
+    return asked
+
+
+def test_on_a_gpu_the_weights_load_straight_to_the_device(tiny_demo_dir, monkeypatch):
+    """Not the whole state dict in host RAM first and then ``.to(device)``: each tensor goes from
+    its file to the GPU (transformers' ``device_map`` with one device)."""
+    asked = fake_gpu_load(monkeypatch)
+    loaded = load_folder(tiny_demo_dir, LoadConfig(device="cuda:1", dtype="float32"))
+    assert asked["device_map"] == "cuda:1" and loaded.device == torch.device("cuda", 1)
+
+
+def test_on_a_gpu_the_host_check_is_the_largest_shard_not_the_whole_model(tiny_demo_dir, monkeypatch):
+    from aieng.loading.memory import check_host_staging
+
+    shard = max(f.stat().st_size for f in tiny_demo_dir.glob("*.safetensors"))
+    assert check_host_staging("tiny", tiny_demo_dir, memory_headroom=1.0, available_bytes=shard) == shard
+    with pytest.raises(ModelLoadError, match="stages a shard of up to") as refused:
+        check_host_staging("tiny", tiny_demo_dir, memory_headroom=0.5, available_bytes=shard)
+    assert refused.value.code == "insufficient_memory"
+    fake_gpu_load(monkeypatch)
+    monkeypatch.setattr("aieng.host.container_limits.limits", lambda: _Limits(shard // 4))
+    with pytest.raises(ModelLoadError, match="re-shard the weights"):  # before a byte is read
+        load_folder(tiny_demo_dir, LoadConfig(device="cuda:1", dtype="float32"))
+
+
+class _Limits:
+    def __init__(self, available):
+        self.memory_available_bytes = available
