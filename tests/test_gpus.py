@@ -1,6 +1,7 @@
 """GPU hosts without a GPU: pinning, the plan, the split and the KV budget arithmetic with made-up
 device counts and memory figures; the CUDA calls faked at torch's boundary (the code up to it runs)."""
 
+import os
 import types
 
 import pytest
@@ -230,3 +231,54 @@ def test_gpu_metrics_per_device(monkeypatch):
     assert 'aieng_gpu_utilization_ratio{device="cuda:1"}' not in text  # no NVML reading: no sample
     monkeypatch.undo()
     assert gpus.memory_snapshot() == []  # this host: no CUDA, nothing read
+
+
+def test_a_reload_forks_new_workers_that_wait_for_the_old_holder_of_their_gpu():
+    """SIGHUP forks the new workers while the old ones still serve: each new worker learns which
+    old worker holds its GPU; a replacement for a dead worker finds its GPU free."""
+    arbiter, hook = FakeArbiter(), pre_fork_for(2)
+    old = [arbiter.fork(hook) for _ in range(2)]
+    assert [w.gpu_held_by for _, w in old] == [[], []]  # a first start waits for nobody
+    new = [arbiter.fork(hook) for _ in range(2)]  # the reload, old ones still live
+    assert [(w.gpu_slot, w.gpu_held_by) for _, w in new] == [(0, [old[0][0]]), (1, [old[1][0]])]
+    for pid, _ in old + new[1:]:
+        del arbiter.WORKERS[pid]
+    _, replacement = arbiter.fork(hook)  # new[1] died: its replacement takes GPU 1, free
+    assert (replacement.gpu_slot, replacement.gpu_held_by) == (1, [])
+
+
+def test_a_new_worker_waits_for_its_gpu_to_be_released_heart_beating_meanwhile():
+    import asyncio
+
+    from aieng.server.process.gpu_worker import process_alive, wait_for_gpu_release
+
+    now, beats, gone_at = [0.0], [], {7: 3.0, 8: 1.0}
+
+    async def sleep(seconds):
+        now[0] += seconds
+
+    def wait(limit_s):
+        return asyncio.run(
+            wait_for_gpu_release(
+                [7, 8],
+                "cuda:0",
+                notify=lambda: beats.append(now[0]),
+                limit_s=limit_s,
+                alive=lambda pid: now[0] < gone_at[pid],
+                sleep=sleep,
+                clock=lambda: now[0],
+            )
+        )
+
+    assert wait(limit_s=60) is True and 2.9 < now[0] < 3.3 and len(beats) >= 14  # until the last holder left
+    now[0], beats[:] = 0.0, []
+    assert wait(limit_s=1) is False and now[0] < 1.3  # a holder that never leaves: said, then go on
+    assert process_alive(os.getpid()) and not process_alive(2**22 + 12345)
+    import subprocess
+    import time
+
+    exited = subprocess.Popen(["true"])  # exits at once; not reaped yet: a zombie holds no GPU
+    deadline = time.monotonic() + 10
+    while process_alive(exited.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not process_alive(exited.pid) and exited.poll() == 0

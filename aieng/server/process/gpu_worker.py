@@ -29,10 +29,58 @@ def pre_fork_for(slots: int):
     """The gunicorn ``pre_fork`` hook that pins worker *i* to GPU *i* among ``slots`` GPUs."""
 
     def pre_fork(server, worker):
-        taken = (getattr(live, "gpu_slot", None) for live in server.WORKERS.values())
-        worker.gpu_slot = assign_slot(taken, slots)
+        live = {pid: getattr(other, "gpu_slot", None) for pid, other in server.WORKERS.items()}
+        worker.gpu_slot = assign_slot(live.values(), slots)
+        # A reload (SIGHUP) forks the new workers while the old ones still hold every GPU: the new
+        # one must not touch its GPU until the worker holding it has gone (release_wait).
+        worker.gpu_held_by = [pid for pid, slot in live.items() if slot == worker.gpu_slot]
 
     return pre_fork
+
+
+async def wait_for_gpu_release(
+    holders: list[int], device: str, *, notify, limit_s: float, alive=None, sleep=None, clock=None
+) -> bool:
+    """In a new worker, before anything touches its GPU: wait until every process that held it
+    (old workers draining after a reload) has exited, heart-beating meanwhile. True when released;
+    False after ``limit_s`` (then the worker goes on and the memory fraction bounds the clash)."""
+    import asyncio
+    import time
+
+    alive, sleep, clock = alive or process_alive, sleep or asyncio.sleep, clock or time.monotonic
+    waiting = [pid for pid in holders if alive(pid)]
+    if not waiting:
+        return True
+    log.info(
+        "waiting for worker(s) %s to release %s before loading on it",
+        waiting,
+        device,
+        extra={"event": "gpu_release_wait", "device": device},
+    )
+    deadline = clock() + limit_s
+    while any(alive(pid) for pid in waiting):
+        if clock() >= deadline:
+            log.warning(
+                "worker(s) %s still hold %s after %gs; loading beside them",
+                [pid for pid in waiting if alive(pid)],
+                device,
+                limit_s,
+                extra={"event": "gpu_release_timeout", "device": device},
+            )
+            return False
+        notify()
+        await sleep(0.2)
+    return True
+
+
+def process_alive(pid: int) -> bool:
+    """Running, not a zombie (an exited worker the master has not reaped holds no GPU memory)."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def pin_worker(runtime, slot: int | None) -> str:

@@ -20,7 +20,7 @@ from gunicorn.arbiter import Arbiter
 from uvicorn.server import Server
 from uvicorn_worker import UvicornWorker
 
-from aieng.server.process.gpu_worker import pin_worker
+from aieng.server.process.gpu_worker import pin_worker, wait_for_gpu_release
 from aieng.server.process.http_protocol import GuardedHttpToolsProtocol
 from aieng.server.process.start_heartbeat import beat_interval, beat_while_starting
 from aieng.settings import Settings
@@ -176,7 +176,13 @@ class AiengUvicornWorker(UvicornWorker):
         self.config.app = self.wsgi
         runtime = getattr(getattr(self.wsgi, "state", None), "runtime", None)
         if runtime is not None:
-            pin_worker(runtime, getattr(self, "gpu_slot", None))  # on a GPU host: the slot gunicorn's pre_fork gave
+            device = pin_worker(runtime, getattr(self, "gpu_slot", None))  # on a GPU host: pre_fork's slot
+            await wait_for_gpu_release(
+                getattr(self, "gpu_held_by", []),
+                device,
+                notify=self.notify,
+                limit_s=float(self.cfg.graceful_timeout) + runtime.settings.drain_delay_s + 10,
+            )
             # a wedged engine (step_watchdog.py) ends this worker the usual way: drain, exit
             runtime.on_stuck = lambda: os.kill(os.getpid(), signal.SIGTERM)
             settings = runtime.settings
