@@ -118,6 +118,11 @@ class Settings:
         "aieng_slo_e2e_p99_seconds, which the AiengE2ELatencyP99High alert compares with: set your service's",
     )
     graceful_timeout_s: int = _setting(30, "after SIGTERM, in-flight requests get this long to finish")
+    canary_kv_share: float = _setting(
+        0.2,
+        "on a GPU, with hot swaps on: share of the measured KV budget kept for a canary's own KV cache "
+        "(a canary runs beside the stable version; a swap's successor reuses the stable cache); 0 = no canary",
+    )
     worker_timeout_s: int = _setting(
         120, "a serving worker that stops heart-beating this long is killed and replaced (gunicorn's timeout)"
     )

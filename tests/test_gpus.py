@@ -179,11 +179,50 @@ def test_admission_holds_only_the_rows_the_measured_budget_fits(monkeypatch, tin
         fit_kv_to_gpu(runtime)
     assert refused.value.code == "insufficient_memory"
     # hot swaps on (the default polls the store): room for the next version's weights (1 GiB here) comes first
-    runtime, _ = runtime_on_fake_gpu(monkeypatch, tiny_shape_model_dir, budget=GiB + 3 * per_row, reload_poll_s=1.0)
+    runtime, _ = runtime_on_fake_gpu(
+        monkeypatch, tiny_shape_model_dir, budget=GiB + 3 * per_row, reload_poll_s=1.0, canary_kv_share=0.0
+    )
     figures = fit_kv_to_gpu(runtime)
     assert (
         figures["swap_reserve"] == GiB and figures["rows"] == 3 and runtime.config.engine.kv_cache_bytes == 3 * per_row
     )
+
+
+def test_the_budget_keeps_a_canarys_weights_and_kv_beside_the_stable_version(monkeypatch, tiny_shape_model_dir):
+    """A canary runs beside stable with a KV cache of its own: the weights' room and a share of
+    the KV budget are kept for it, so loading one never breaks the memory fraction."""
+    from aieng.server.process.gpu_worker import canary_room, check_canary_fits, kv_bytes_per_row
+
+    runtime, _ = runtime_on_fake_gpu(monkeypatch, tiny_shape_model_dir, budget=0)
+    per_row = kv_bytes_per_row(runtime.loaded)
+    runtime, _ = runtime_on_fake_gpu(monkeypatch, tiny_shape_model_dir, budget=GiB + 10 * per_row, reload_poll_s=1.0)
+    figures = fit_kv_to_gpu(runtime)  # the default share: 0.2 of what the swap's room leaves
+    assert figures["canary_kv"] == 2 * per_row and figures["rows"] == 8 and figures["canary_rows"] == 2
+    assert runtime.config.engine.kv_cache_bytes + runtime.config.canary_engine.kv_cache_bytes == 10 * per_row
+    room = canary_room(runtime)
+    params = sum(p.numel() for p in runtime.loaded.model.parameters())
+    assert room == {"weight_bytes": params * 4, "kv_rows": 2, "element_bytes": 4}
+    check_canary_fits(runtime, params, "tiny@2")  # a version of the same size fits
+    with pytest.raises(ModelLoadError, match="its weights need") as refused:
+        check_canary_fits(runtime, params * 2, "big@2")
+    assert refused.value.code == "insufficient_memory"
+    runtime, _ = runtime_on_fake_gpu(
+        monkeypatch, tiny_shape_model_dir, budget=GiB + 10 * per_row, reload_poll_s=1.0, canary_kv_share=0.0
+    )
+    fit_kv_to_gpu(runtime)
+    with pytest.raises(ModelLoadError, match="holds no row"):
+        check_canary_fits(runtime, params, "tiny@2")
+    assert canary_room(runtime_on_cpu(tiny_shape_model_dir)) is None  # a CPU host keeps no GPU room
+
+
+def runtime_on_cpu(model_dir):
+    from aieng.loading.loader import LoadConfig, load_folder
+    from aieng.server.process.runtime import Runtime, RuntimeConfig
+    from aieng.settings import Settings
+
+    runtime = Runtime(RuntimeConfig.from_settings(Settings()))
+    runtime.loaded = load_folder(model_dir, LoadConfig(device="cpu"))
+    return runtime
 
 
 def test_off_cuda_nothing_is_measured(tiny_shape_model_dir):

@@ -7,7 +7,8 @@ request metrics carry ``version`` (``aieng.observability.metrics``), so one scra
 Where the numbers come from is ``aieng.release.sources``: the server's ``/metrics`` by default, a
 Prometheus server when given; either way the log prints the PromQL of every check.
 
-Before the first step: the release gate (the candidate's eval against current's) and a shadow
+Before the first step: the release gate (the candidate's eval against current's), the server's
+room for it (``canary_room``: refused before anything is written when it cannot fit) and a shadow
 quality probe (held-out prompts per family, sent to each version pinned by ``name@V``; the canary
 is loaded at weight 0 for it, so a wrong version is caught before any user meets it). At each
 step: the store's canary record gets the step's weight, every worker converges on it (checked on
@@ -18,9 +19,7 @@ A failed check repeats the step; ``max_failed_checks`` of them abort: the canary
 long enough; while traffic is too thin the step waits, and past its deadline it ends with the
 decision its policy names (hold, roll back or promote), said and recorded, never a silent pass.
 The last step passed, the canary is promoted through the gate and becomes current (workers adopt
-its engine as it is).
-
-Defaults follow Flagger's (success rate ≥ 99%), with latency judged as a ratio to stable.
+its engine as it is). Defaults follow Flagger's (success rate ≥ 99%), with latency judged as a ratio to stable.
 """
 
 from __future__ import annotations
@@ -31,6 +30,7 @@ from dataclasses import asdict, dataclass, field
 
 from aieng.errors import ConfigError
 from aieng.evaluation.gate import GateThresholds
+from aieng.release.canary_room import load_failure, room_refusal
 from aieng.release.decision import Window
 from aieng.release.probe import shadow_probe
 from aieng.release.promotion import judge, promote
@@ -156,8 +156,9 @@ def run_canary(
     stable = store.current(name)
     tag = f"[canary {name}@{version}]"
     decision = judge(store, name, version, stable, gate)
-    if not decision.passed:
-        reason = "; ".join(decision.messages)
+    no_room = None if not decision.passed else room_refusal(store, name, version, url, token)
+    if not decision.passed or no_room:
+        reason = no_room or "; ".join(decision.messages)
         store.record_event(
             name,
             {
@@ -169,13 +170,14 @@ def run_canary(
                 "gate": {"decision": decision.to_dict()},
             },
         )
-        log(f"{tag} refused by the release gate: {reason}")
-        return CanaryResult("refused", decision.rules_fired[0], reason)
+        log(f"{tag} refused by the {'GPU memory check' if no_room else 'release gate'}: {reason}")
+        return CanaryResult("refused", "memory" if no_room else decision.rules_fired[0], reason)
     log(f"{tag} release gate passed against {stable}")
     checks: list[dict] = []
 
     def not_loaded(exc: TimeoutError) -> CanaryResult:
-        why = f"the workers did not load it within {converge_timeout_s:g} s ({exc}); the server log says why"
+        late = f"the workers did not load it within {converge_timeout_s:g} s ({exc}); the server log says why"
+        why = f"a worker could not load it: {failed}" if (failed := load_failure(url, token, version)) else late
         return _abort(store, name, version, url, token, "load", f"load: {why}", checks, log, sleep)
 
     if probe:  # loaded at weight 0: only the probe's pinned requests reach it, no user yet
@@ -379,6 +381,8 @@ def _converge(url: str, version: str | None, weight: float, token: str | None, s
     admin_reload(url, token)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
+        if version is not None and load_failure(url, token, version):  # the answering worker could not load it
+            raise TimeoutError(f"canary {version} failed to load")
         seen, workers = worker_canaries(url), set(worker_versions(url))
         if (version is None and not seen) or (
             workers and set(seen) >= workers and all(v == (version, weight) for v in seen.values())

@@ -17,6 +17,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from aieng.errors import ForbiddenError, UnauthorizedError
+from aieng.server.process.gpu_worker import canary_room
 
 
 def check_token(header: str | None, token: str) -> None:
@@ -33,12 +34,14 @@ def install_admin_routes(app: FastAPI, runtime) -> None:
         """This worker's model, version, canary and last hot swap. Changes nothing: its use is a
         pre-check that the caller's token is the server's before a store write the server must follow."""
         check_token(request.headers.get("authorization"), runtime.settings.admin_token)
-        swap = runtime.swapper.last
+        swap, keeper = runtime.swapper.last, runtime.swapper.canary
         return {
             "model": runtime.model_name,
             "version": runtime.model_version,
             "pid": os.getpid(),
-            "canary": runtime.swapper.canary.describe() if runtime.canary is not None else None,
+            "canary": keeper.describe() if runtime.canary is not None else None,
+            "canary_failed": {"version": keeper.failed, "reason": keeper.failed_reason} if keeper.failed else None,
+            "canary_room": canary_room(runtime),  # on a GPU: what a canary may take; None elsewhere
             "swap": swap.to_dict() if swap is not None else None,
         }
 

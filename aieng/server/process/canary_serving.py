@@ -6,7 +6,9 @@ and an engine thread of its own: the two versions run side by side and neither's
 the other's steps, and its compiled graphs and weight-format plan come from the stable engine
 (``Engine(..., replacing=)``), so loading a canary compiles nothing. Its KV cache is its own:
 both versions take requests at once, so they cannot hand one cache back and forth as a hot swap
-does (memory: two versions' weights and two caches while a canary runs).
+does (memory: two versions' weights and two caches while a canary runs; on a GPU the canary's cache
+is the share of the budget kept for it, ``AIENG_CANARY_KV_SHARE``, and a canary that does not fit
+is refused before it loads).
 
 Routing (``pick``): ``model: "name@V"`` pins version V (stable or canary); otherwise the
 request's key (the ``X-Session-ID`` header, else its request id) is hashed to a point in [0, 1)
@@ -29,6 +31,7 @@ from aieng.engine import Engine
 from aieng.errors import ModelNotFoundError, request_error_codes
 from aieng.loading.loader import load_version
 from aieng.observability import metrics
+from aieng.server.process.gpu_worker import check_canary_fits
 from aieng.server.process.serving import Serving
 from aieng.store import ModelRef, ModelStore
 from aieng.store.canary_record import CanaryRecord, read_canary
@@ -66,6 +69,7 @@ class CanaryKeeper:
     def __init__(self, runtime):
         self.runtime = runtime
         self.failed: str | None = None  # a canary version that failed to load: not retried until the record changes
+        self.failed_reason = ""  # why, for GET /admin/status (the release waiting on it stops at once)
 
     def converge(self, *, forced: bool = False) -> dict:
         """Make this worker's canary match the store's record; returns what it serves now."""
@@ -76,6 +80,8 @@ class CanaryKeeper:
             else read_canary(ModelStore(runtime.settings.store), runtime.ref.name)
         )
         canary = runtime.canary
+        if record is None or record.version != self.failed:  # a failure is of one record; a new one starts clean
+            self.failed, self.failed_reason = None, ""
         if record is None or (canary is not None and canary.version != record.version):
             self._unload()
         if record is not None and runtime.canary is None and (forced or record.version != self.failed):
@@ -100,18 +106,20 @@ class CanaryKeeper:
         runtime = self.runtime
         ref = ModelRef(runtime.ref.name, record.version)
         try:
-            loaded = load_version(ModelStore(runtime.settings.store), ref, runtime.load_config())
+            store = ModelStore(runtime.settings.store)
+            check_canary_fits(runtime, store.manifest(ref).num_parameters, str(ref))  # on a GPU: before loading
+            loaded = load_version(store, ref, runtime.load_config())
             engine = Engine(
                 loaded.model,
                 loaded.tokenizer,
                 context_length=loaded.context_length,
-                config=runtime.config.engine,
+                config=runtime.config.canary_engine or runtime.config.engine,  # its own KV cache
                 replacing=runtime.serving.engine,
             )
             engine.warmup()
             canary = Serving.build(ref.name, loaded, engine, runtime.config.scheduler, runtime.settings)
         except Exception as exc:  # the stable version keeps all the traffic
-            self.failed = record.version
+            self.failed, self.failed_reason = record.version, str(exc)
             log.error(
                 "loading canary %s failed; stable %s keeps all traffic: %s",
                 ref,

@@ -145,10 +145,14 @@ def fit_kv_to_gpu(runtime) -> dict:
             )  # as the engine asks: the last position's logits only
 
     budget, figures = measure_kv_budget(loaded.device, settings.gpu_memory_fraction, probe)
+    canary_kv = 0
     if swaps_possible(settings):  # a hot swap loads the next version's weights beside these (it reuses this KV cache)
         figures["swap_reserve"] = figures["weights"]
         budget = max(0, budget - figures["weights"])
-        figures["kv_budget"] = budget
+        # a canary's weights take the swap's room, and it needs a KV cache of its own beside this one
+        canary_kv = int(budget * settings.canary_kv_share)
+        budget -= canary_kv
+        figures.update(kv_budget=budget, canary_kv=canary_kv)
     per_row = kv_bytes_per_row(loaded)
     rows = budget // per_row
     if rows < 1:
@@ -165,6 +169,10 @@ def fit_kv_to_gpu(runtime) -> dict:
         )
     engine = runtime.config.engine
     runtime.config.engine = replace(engine, kv_cache_bytes=budget, max_rows=min(engine.max_rows, int(rows)))
+    if "canary_kv" in figures:
+        canary_rows = min(engine.max_rows, canary_kv // per_row)
+        runtime.config.canary_engine = replace(engine, kv_cache_bytes=canary_kv, max_rows=int(canary_rows))
+        figures["canary_rows"] = int(canary_rows)
     figures.update(rows=int(rows), probe_tokens=tokens)
     log.info(
         "KV cache on %s: %s (%d rows of %d tokens) = %s x %s - %s weights - %s activation peak - safety%s",
@@ -176,10 +184,46 @@ def fit_kv_to_gpu(runtime) -> dict:
         settings.gpu_memory_fraction,
         _gib(figures["weights"]),
         _gib(figures["activation_peak"]),
-        f" - {_gib(figures['swap_reserve'])} for a hot swap's weights" if "swap_reserve" in figures else "",
+        f" - {_gib(figures['swap_reserve'])} for a hot swap's or canary's weights - {_gib(canary_kv)} for a "
+        f"canary's KV ({figures['canary_rows']} rows)"
+        if "swap_reserve" in figures
+        else "",
         extra={"event": "kv_budget_measured", **figures},
     )
     return figures
+
+
+def canary_room(runtime) -> dict | None:
+    """What this worker keeps for a canary on its GPU: weight bytes (the swap's room: the stable
+    version's weights) and KV rows. None off CUDA, where the memory check is the load's own."""
+    canary = runtime.config.canary_engine
+    if canary is None or runtime.loaded is None:
+        return None
+    weights = sum(p.numel() * p.element_size() for p in runtime.loaded.model.parameters())
+    return {"weight_bytes": weights, "kv_rows": canary.max_rows, "element_bytes": runtime.loaded.dtype.itemsize}
+
+
+def check_canary_fits(runtime, num_parameters: int, label: str) -> None:
+    """Refuse a canary this worker's GPU has no room for, before a byte of it is loaded."""
+    room = canary_room(runtime)
+    if room is None:
+        return
+    from aieng.errors import ModelLoadError
+
+    weights = num_parameters * room["element_bytes"]
+    if room["kv_rows"] < 1:
+        raise ModelLoadError(
+            f"no room for canary {label} on {runtime.loaded.device}: the KV budget kept for a canary holds no "
+            f"row (AIENG_CANARY_KV_SHARE={runtime.settings.canary_kv_share}); raise it, or release by a hot swap",
+            code="insufficient_memory",
+        )
+    if weights > room["weight_bytes"]:
+        raise ModelLoadError(
+            f"no room for canary {label} on {runtime.loaded.device}: its weights need {_gib(weights)}, the room "
+            f"kept beside the stable version holds {_gib(room['weight_bytes'])} (the stable version's weights); "
+            "release it by a hot swap instead, or serve it on a larger GPU",
+            code="insufficient_memory",
+        )
 
 
 def swaps_possible(settings) -> bool:

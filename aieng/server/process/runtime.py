@@ -52,6 +52,7 @@ class RuntimeConfig:
     scheduler: SchedulerConfig = SchedulerConfig()
     torch_threads: int | None = None  # per worker; None = leave torch's default
     drain_delay_s: float = 1.0  # after SIGTERM: report 503 this long before closing the listener
+    canary_engine: EngineConfig | None = None  # on CUDA: the KV budget kept for a canary (gpu_worker.py)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> RuntimeConfig:
