@@ -79,6 +79,18 @@ def tiny_demo_dir(tmp_path_factory) -> Path:
     return build_demo_model(tmp_path_factory.mktemp("tiny-demo") / "model", DemoBuildConfig.tiny(), progress=False)
 
 
+@pytest.fixture
+def tiny_two_versions(tmp_path, tiny_demo_dir):
+    """A store of the tiny model as demo@1 (current) and demo@2: release records, no server."""
+    from aieng.store import ModelStore
+
+    store = ModelStore(tmp_path / "store")
+    for version in ("1", "2"):
+        store.register(tiny_demo_dir, "demo", version)
+    store.promote("demo", "1")
+    return store
+
+
 @pytest.fixture(scope="module")
 def demo_store(tmp_path_factory, demo_model_dir):
     """A temporary store serving the full demo model as demo@1 (current), one per test module."""

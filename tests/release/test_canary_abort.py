@@ -3,18 +3,14 @@ a second abort changes nothing; wrong uses are one-line errors that change nothi
 
 import pytest
 
-from aieng.store import ModelStore
 from aieng.store.canary_record import read_canary, set_canary
 
 from ..command import aieng
 
 
 @pytest.fixture
-def store(tmp_path, tiny_demo_dir):
-    store = ModelStore(tmp_path / "store")
-    for version in ("1", "2"):
-        store.register(tiny_demo_dir, "demo", version)
-    store.promote("demo", "1")
+def store(tiny_two_versions):
+    store = tiny_two_versions
     set_canary(store, "demo", "2", 0.1, reason="test: step 1")
     return store
 

@@ -6,17 +6,13 @@ import pytest
 
 from aieng.evaluation.gate import GateDecision
 from aieng.release import canary_rollout, canary_room
-from aieng.store import ModelRef, ModelStore
+from aieng.store import ModelRef
 from aieng.store.canary_record import read_canary
 
 
 @pytest.fixture
-def store(tmp_path, tiny_demo_dir):
-    store = ModelStore(tmp_path / "store")
-    for version in ("1", "2"):
-        store.register(tiny_demo_dir, "demo", version)
-    store.promote("demo", "1")
-    return store
+def store(tiny_two_versions):
+    return tiny_two_versions
 
 
 def room(weight_bytes, kv_rows, element_bytes=2):

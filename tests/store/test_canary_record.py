@@ -3,17 +3,12 @@
 import pytest
 
 from aieng.errors import AiengError, ModelNotFoundError
-from aieng.store import ModelStore
 from aieng.store.canary_record import canary_path, clear_canary, read_canary, set_canary
 
 
 @pytest.fixture
-def store(tmp_path, demo_model_dir):
-    store = ModelStore(tmp_path / "store")
-    for version in ("1", "2"):
-        store.register(demo_model_dir, "demo", version)
-    store.promote("demo", "1")
-    return store
+def store(tiny_two_versions):
+    return tiny_two_versions
 
 
 def test_a_canary_is_recorded_read_back_and_cleared_with_history(store):
