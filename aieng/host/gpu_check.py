@@ -10,7 +10,9 @@
 5. a short `aieng bench serve` of each at C = 1 and 32;
 6. a real CUDA out-of-memory: the GPU filled with ballast until one row fits and the whole batch
    does not; the engine must split, retry and finish every request (answers compared, reported);
-7. one summary, printed and written to OUT/gpu_check.json.
+7. the workers (``gpu_check_workers.py``): a start longer than gunicorn's timeout, a worker count
+   that would share a GPU, a reload, a canary beside the stable version, GPUs named by UUID;
+8. one summary, printed and written to OUT/gpu_check.json.
 
 Exit status 0 when every check passed, 1 when one failed, 2 when this host has no CUDA device.
 """
@@ -222,6 +224,26 @@ def oom_check(store: Path) -> dict:
     }
 
 
+def worker_checks(store: Path, gpus: int) -> dict:
+    from aieng.host import gpu_check_workers as w
+
+    checks = {
+        "slow_start": lambda: w.slow_start_check(store),
+        "worker_count": lambda: w.worker_count_check(store, gpus),
+        "reload": lambda: w.reload_check(store),
+        "canary_room": lambda: w.canary_room_check(store),
+        "visible_by_uuid": w.visible_by_uuid_check,
+    }
+    results = {}
+    for name, check in checks.items():
+        print(f"--- workers.{name}", flush=True)
+        try:
+            results[name] = check()
+        except Exception as exc:  # one check's failure is reported; the others still run
+            results[name] = {"ok": False, "error": repr(exc)}
+    return results
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gpu_check", description=__doc__.split("\n\n")[0])
     parser.add_argument("--store", type=Path, default=None, help="a fresh store (default: a temporary one)")
@@ -255,11 +277,13 @@ def main(argv: list[str] | None = None) -> int:
             "bench": bench_check(store, model, args.requests),
         }
     summary["oom"] = oom_check(store) if "demo" in models else {"ok": False, "error": "no demo model"}
+    summary["workers"] = worker_checks(store, gpus) if "demo" in models else {}
     checks = {
         f"{model}.{name}": summary[model][name]["ok"] for model in models for name in ("serve", "parity", "bench")
     }
     checks["build"] = all(summary["build"].values())
     checks["oom"] = summary["oom"]["ok"]
+    checks.update({f"workers.{name}": result["ok"] for name, result in summary["workers"].items()})
     summary["checks"] = checks
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "gpu_check.json").write_text(json.dumps(summary, indent=2, default=str))
