@@ -210,7 +210,7 @@ def test_the_budget_keeps_a_canarys_weights_and_kv_beside_the_stable_version(mon
         monkeypatch, tiny_shape_model_dir, budget=GiB + 10 * per_row, reload_poll_s=1.0, canary_kv_share=0.0
     )
     fit_kv_to_gpu(runtime)
-    with pytest.raises(ModelLoadError, match="holds no row"):
+    with pytest.raises(ModelLoadError, match="holds no KV row"):
         check_canary_fits(runtime, params, "tiny@2")
     assert canary_room(runtime_on_cpu(tiny_shape_model_dir)) is None  # a CPU host keeps no GPU room
 

@@ -141,6 +141,22 @@ def kv_budget(
     return max(0, min(share, left))
 
 
+def canary_fit_problem(room: dict, num_parameters: int) -> str | None:
+    """Why a canary of ``num_parameters`` does not fit the ``room`` a worker keeps for one (its
+    ``canary_room``: weight bytes, KV rows, bytes per element); None when it fits. One judgement
+    for the worker, before it loads, and for ``aieng release canary``, before it writes anything."""
+    if room["kv_rows"] < 1:
+        return "the room kept for a canary holds no KV row: raise AIENG_CANARY_KV_SHARE, or release by a hot swap"
+    weights = num_parameters * room["element_bytes"]
+    if weights > room["weight_bytes"]:
+        return (
+            f"its weights need {weights / 2**30:.2f} GiB of GPU memory; the room kept beside the stable version "
+            f"holds {room['weight_bytes'] / 2**30:.2f} GiB (the stable version's weights): release it by a hot "
+            "swap instead, or on larger GPUs"
+        )
+    return None
+
+
 def apply_memory_fraction(device, fraction: float) -> bool:
     """``torch.cuda.set_per_process_memory_fraction`` on a CUDA device: the caching allocator then
     refuses (a real ``OutOfMemoryError``, which the engine splits and retries) before it takes more

@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field
 
 from aieng.errors import ConfigError
 from aieng.evaluation.gate import GateThresholds
-from aieng.release.canary_room import load_failure, room_refusal
+from aieng.release.canary_room import CanaryLoadFailed, load_failure, room_refusal
 from aieng.release.decision import Window
 from aieng.release.probe import shadow_probe
 from aieng.release.promotion import judge, promote
@@ -177,7 +177,7 @@ def run_canary(
 
     def not_loaded(exc: TimeoutError) -> CanaryResult:
         late = f"the workers did not load it within {converge_timeout_s:g} s ({exc}); the server log says why"
-        why = f"a worker could not load it: {failed}" if (failed := load_failure(url, token, version)) else late
+        why = f"a worker could not load it: {exc}" if isinstance(exc, CanaryLoadFailed) else late
         return _abort(store, name, version, url, token, "load", f"load: {why}", checks, log, sleep)
 
     if probe:  # loaded at weight 0: only the probe's pinned requests reach it, no user yet
@@ -381,8 +381,8 @@ def _converge(url: str, version: str | None, weight: float, token: str | None, s
     admin_reload(url, token)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if version is not None and load_failure(url, token, version):  # the answering worker could not load it
-            raise TimeoutError(f"canary {version} failed to load")
+        if version is not None and (failed := load_failure(url, token, version)):  # the answering worker's reason
+            raise CanaryLoadFailed(failed)
         seen, workers = worker_canaries(url), set(worker_versions(url))
         if (version is None and not seen) or (
             workers and set(seen) >= workers and all(v == (version, weight) for v in seen.values())

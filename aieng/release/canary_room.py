@@ -14,6 +14,7 @@ import os
 
 import httpx
 
+from aieng.host.gpus import canary_fit_problem
 from aieng.store import ModelRef, ModelStore
 
 
@@ -32,15 +33,11 @@ def room_refusal(store: ModelStore, name: str, version: str, url: str, token: st
     room = (_status(url, token) or {}).get("canary_room")
     if not room:
         return None
-    weights = store.manifest(ModelRef(name, version)).num_parameters * room["element_bytes"]
-    if room["kv_rows"] < 1:
-        return "the GPU room kept for a canary holds no KV row: raise AIENG_CANARY_KV_SHARE, or release by a hot swap"
-    if weights > room["weight_bytes"]:
-        return (
-            f"its weights need {weights / 2**30:.2f} GiB of GPU memory; the room kept beside the stable version "
-            f"holds {room['weight_bytes'] / 2**30:.2f} GiB: release it by a hot swap, or on larger GPUs"
-        )
-    return None
+    return canary_fit_problem(room, store.manifest(ModelRef(name, version)).num_parameters)
+
+
+class CanaryLoadFailed(TimeoutError):
+    """A worker said it could not load the canary: waiting longer would change nothing."""
 
 
 def load_failure(url: str, token: str | None, version: str) -> str | None:

@@ -39,8 +39,9 @@ def record(store: ModelStore, name: str, version: str, probe: ProbeResult, *, by
     ref = ModelRef(name, version)
     kept = dict((store.manifest(ref).served_answers or {}).get("answers", {}))
     for case, answer in zip(probe.cases, probe.answers):
-        kept.pop(request_key(case), None)  # re-inserted last: the newest answer is the one kept
-        kept[request_key(case)] = {"id": case.id, "text": answer.text, "tokens": answer.tokens}
+        key = request_key(case)
+        kept.pop(key, None)  # re-inserted last: the newest answer is the one kept
+        kept[key] = {"id": case.id, "text": answer.text, "tokens": answer.tokens}
     kept = dict(list(kept.items())[-MAX_KEPT:])
     when = datetime.now(UTC).isoformat(timespec="seconds")
     store.update_manifest(ref, served_answers={"answers": kept, "recorded_at": when, "by": by, "url": url})

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 
-from aieng.host.gpus import apply_memory_fraction, assign_slot, measure_kv_budget, pinned_device
+from aieng.host.gpus import apply_memory_fraction, assign_slot, canary_fit_problem, measure_kv_budget, pinned_device
 
 log = logging.getLogger("aieng.server")
 
@@ -206,23 +206,12 @@ def canary_room(runtime) -> dict | None:
 def check_canary_fits(runtime, num_parameters: int, label: str) -> None:
     """Refuse a canary this worker's GPU has no room for, before a byte of it is loaded."""
     room = canary_room(runtime)
-    if room is None:
-        return
-    from aieng.errors import ModelLoadError
+    problem = canary_fit_problem(room, num_parameters) if room is not None else None
+    if problem is not None:
+        from aieng.errors import ModelLoadError
 
-    weights = num_parameters * room["element_bytes"]
-    if room["kv_rows"] < 1:
         raise ModelLoadError(
-            f"no room for canary {label} on {runtime.loaded.device}: the KV budget kept for a canary holds no "
-            f"row (AIENG_CANARY_KV_SHARE={runtime.settings.canary_kv_share}); raise it, or release by a hot swap",
-            code="insufficient_memory",
-        )
-    if weights > room["weight_bytes"]:
-        raise ModelLoadError(
-            f"no room for canary {label} on {runtime.loaded.device}: its weights need {_gib(weights)}, the room "
-            f"kept beside the stable version holds {_gib(room['weight_bytes'])} (the stable version's weights); "
-            "release it by a hot swap instead, or serve it on a larger GPU",
-            code="insufficient_memory",
+            f"no room for canary {label} on {runtime.loaded.device}: {problem}", code="insufficient_memory"
         )
 
 
