@@ -16,10 +16,10 @@ step: the store's canary record gets the step's weight, every worker converges o
 A failed check repeats the step; ``max_failed_checks`` of them abort: the canary is cleared
 (workers unload it), the reason goes to history. A step passes only on evidence
 (``StepEvidence``): a clean check once the canary has served enough requests at that step, for
-long enough; while traffic is too thin the step waits, and past its deadline it ends with the
-decision its policy names (hold, roll back or promote), said and recorded, never a silent pass.
-The last step passed, the canary is promoted through the gate and becomes current (workers adopt
-its engine as it is). Defaults follow Flagger's (success rate ≥ 99%), with latency judged as a ratio to stable.
+long enough, and one check of the step had enough to judge its latency; while traffic is too thin
+the step waits, and past its deadline it ends with the decision its policy names (hold, roll back
+or promote), said and recorded, never a silent pass. The last step passed, the canary is promoted
+through the gate and becomes current (workers adopt its engine as it is). Defaults follow Flagger's.
 """
 
 from __future__ import annotations
@@ -77,12 +77,14 @@ class StepEvidence:
             raise ConfigError("a step's minimum requests and seconds are >= 0")
 
 
-def step_verdict(evidence: StepEvidence, requests: int, seconds: float, failures: list, max_wait_s: float) -> str:
-    """One check's verdict on its step: ``fail`` (a rule fired), ``pass`` (clean, and enough
-    requests for long enough), ``timeout`` (clean but thin, past the step's deadline) or ``wait``."""
+def step_verdict(
+    evidence: StepEvidence, requests: int, seconds: float, failures: list, max_wait_s: float, judged: bool = True
+) -> str:
+    """A check's verdict on its step: ``fail`` (a rule fired), ``pass`` (clean, enough requests for long
+    enough, and some check ``judged`` its latency), ``timeout`` (clean but thin, past the deadline) or ``wait``."""
     if failures:
         return FAIL
-    if requests >= evidence.min_requests and seconds >= evidence.min_seconds:
+    if requests >= evidence.min_requests and seconds >= evidence.min_seconds and judged:
         return PASS
     return TIMEOUT if seconds >= max_wait_s else WAIT
 
@@ -233,14 +235,15 @@ def run_canary(
             _converge(url, version, percent / 100, token, sleep, converge_timeout_s)
         except TimeoutError as exc:
             return not_loaded(exc)
-        seen, seconds = 0, 0.0  # the step's evidence so far
+        seen, seconds, judged = 0, 0.0, False  # the step's evidence so far
         while True:
             windows = metrics.measure([version, stable], interval_s, sleep)
             mine, theirs = windows[version], windows[stable]
             seen, seconds = seen + mine.requests, seconds + mine.seconds
             reference = theirs if theirs.requests >= thresholds.min_requests else reference or theirs
             failures = compare(mine, reference, thresholds)
-            verdict = step_verdict(evidence, seen, seconds, failures, max_wait_s)
+            judged = judged or mine.requests >= thresholds.min_requests  # latency could be judged
+            verdict = step_verdict(evidence, seen, seconds, failures, max_wait_s, judged)
             checks.append(
                 {
                     "step": percent,

@@ -76,7 +76,6 @@ ALLOWED = [
         "success rate ≥ 99%, p99 latency and TTFT ≤ 1.5× stable and ≥ 50 ms slower",
         "the canary's default check thresholds (release/canary_rollout.py)",
     ),
-    Allowed("aieng/release/canary_rollout.py", "(success rate ≥ 99%)", "the canary's default threshold, Flagger's"),
     # The rollback decision's thresholds (the source article's), and the release gate's.
     Allowed("aieng/release/decision.py", "p99 > 2x baseline", "the rollback rule's threshold, quoted"),
     Allowed("aieng/release/decision.py", "rate > 15%, tokens/s < 80% of baseline", "the rollback rule's thresholds"),

@@ -102,6 +102,15 @@ def test_a_step_passes_on_evidence_and_never_silently(requests, seconds, failure
     assert step_verdict(evidence, requests, seconds, failures, max_wait_s=300) == verdict
 
 
+def test_a_step_whose_latency_was_never_judged_waits_however_many_requests_it_saw():
+    """Enough requests over the step, but never enough in one check for the latency rules: a slow
+    canary would pass unseen. It waits for a check that can judge it (or the policy decides)."""
+    evidence = StepEvidence(min_requests=5, max_wait_s=30)
+    assert step_verdict(evidence, 40, 10.0, [], max_wait_s=30, judged=False) == "wait"
+    assert step_verdict(evidence, 40, 30.0, [], max_wait_s=30, judged=False) == "timeout"
+    assert step_verdict(evidence, 40, 10.0, [], max_wait_s=30, judged=True) == "pass"
+
+
 def test_step_evidence_refuses_an_unknown_policy_or_negative_minimums():
     with pytest.raises(ConfigError, match="hold, rollback, promote"):
         StepEvidence(on_timeout="pass")
