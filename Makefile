@@ -1,7 +1,7 @@
 # Two commands do all set-up on a fresh machine with Python 3.11 and pip:
 #   make serve   venv + the server's locked deps + demo model in the store, then the server on 127.0.0.1:8000
 #   make test    the same set-up plus the development lock, then the whole suite (unit, integration,
-#                notebooks, runbooks) and the dependency audit
+#                notebooks and runbooks executed as the book, in a browser) and the dependency audit
 
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
@@ -23,13 +23,14 @@ unexport PYTHONDONTWRITEBYTECODE
 FAST_TIERS := not server and not notebook and not perf
 PYTEST := $(BIN)/python -m pytest -p no:cacheprovider
 
-.PHONY: help install install-dev audit lint demo serve test test-fast lab lock clean
+.PHONY: help install install-dev audit lint demo serve test test-fast lab book lock clean
 
 help:
 	@echo "make serve   set up (venv, locked deps, demo model) and serve on 127.0.0.1:8000"
-	@echo "make test    set up, then run unit, integration, notebook (nbval) and runbook (papermill) tests"
+	@echo "make test    set up, then run unit, integration, notebook and runbook (papermill) tests"
 	@echo "make test-fast  the tests that start no server, run no notebook and bound no timing (unit, model)"
 	@echo "make lab     JupyterLab on notebooks/"
+	@echo "make book    execute every lesson and runbook dry run into a browsable site: var/book/index.html"
 	@echo "make audit   known vulnerabilities in the locks (security/audit-allowlist.toml for accepted ones)"
 	@echo "make lint    ruff: lint and format check (ruff format aieng tests scripts fixes the format)"
 	@echo "make lock    regenerate the hashed locks in locks/ and environment.yml"
@@ -77,7 +78,7 @@ serve: demo
 test: $(DEV_STAMP) demo audit
 	@if command -v promtool >/dev/null; then promtool check rules deploy/prometheus/alerts.yml; \
 	  else echo "promtool not found: alert rules unchecked (apt-get install prometheus)"; fi
-	$(PYTEST) tests --nbval-lax notebooks --durations=25
+	$(PYTEST) tests --durations=25
 
 # While iterating: every test but those that start a real server, run a notebook or assert a timing
 # bound (the cost tiers of tests/conftest.py); `make test` runs them all.
@@ -86,6 +87,13 @@ test-fast: $(DEV_STAMP) demo
 
 lab: $(DEV_STAMP) demo
 	$(BIN)/jupyter lab notebooks/
+
+# The workbook as a site (aieng/workbook/book.py): every lesson executed, every runbook as a dry run
+# on a temporary store and server, one HTML page each and an index in reading order, in var/book/;
+# then every page opened in headless Chromium (apt-get install chromium), screenshots kept in
+# var/book/screenshots/. tests/workbook/test_book.py does the same in `make test`.
+book: $(DEV_STAMP) demo
+	$(BIN)/python -m aieng.workbook.book --out var/book --check
 
 LOCK_FLAGS := --quiet --generate-hashes --allow-unsafe --strip-extras --no-emit-index-url --no-emit-find-links
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
@@ -109,4 +117,4 @@ lock: $(DEV_STAMP)
 	$(BIN)/python -m aieng.locks.generate environment
 
 clean:
-	rm -rf $(VENV) var/build .pytest_cache
+	rm -rf $(VENV) var/build var/book .pytest_cache

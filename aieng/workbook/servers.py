@@ -33,3 +33,20 @@ def stop_on_failed_cell(server, ipython=None):
 
     ipython.events.register("post_run_cell", after)
     return server
+
+
+def servers_still_running() -> list[str]:
+    """The servers this process started that still run: every descendant process listening on a
+    TCP port (an ``aieng serve``, a peer, a load balancer), as ``"pid NAME on PORT"``. A lesson's
+    last cell checks it is empty (the book build appends that check to every lesson)."""
+    import psutil
+
+    left = []
+    for child in psutil.Process().children(recursive=True):
+        try:
+            ports = sorted({c.laddr.port for c in child.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN})
+            if ports:
+                left.append(f"pid {child.pid} {child.name()} on {','.join(map(str, ports))}")
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue  # ended while we looked, or not ours to read
+    return left

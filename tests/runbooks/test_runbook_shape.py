@@ -2,7 +2,8 @@
 cell papermill can read in full (a line it cannot parse, one with a second ``=`` in its comment
 or value, is missing from ``papermill --help-notebook`` and makes every run warn "Passed unknown
 parameter", which teaches an operator to ignore warnings), and, when it changes anything,
-``dry_run`` defaulting to True."""
+``dry_run`` defaulting to True; and every step (a ``##`` section) opens with what it checks, which
+the runbook's page in the book lists (``aieng.workbook.book_pages.steps``)."""
 
 import ast
 from pathlib import Path
@@ -48,3 +49,13 @@ def test_the_check_sees_a_parameter_papermill_skips(tmp_path):
     nb.cells.append(cell)
     nbformat.write(nb, tmp_path / "probe.ipynb")
     assert set(papermill.inspect_notebook(str(tmp_path / "probe.ipynb"))) == {"a"}
+
+
+@pytest.mark.parametrize("path", RUNBOOKS, ids=lambda p: p.stem)
+def test_every_step_says_what_it_checks(path):
+    from aieng.workbook.book_pages import steps
+
+    found = steps(nbformat.read(path, as_version=4))
+    assert len(found) >= 3, f"{path.name}: its steps are its ## sections"
+    unsaid = [heading for heading, checks in found if not checks]
+    assert not unsaid, f"{path.name}: steps without a '**Checks**: ...' line under their heading: {unsaid}"

@@ -69,3 +69,25 @@ def test_every_lesson_that_starts_a_server_across_cells_stops_it_on_a_failed_cel
                 started.append((notebook.name, statement.lstrip("= ").startswith("stop_on_failed_cell(")))
     assert started, "the pattern found no server: the check would pass vacuously"
     assert [name for name, guarded in started if not guarded] == []
+
+
+def test_a_child_listening_on_a_port_is_a_server_still_running_until_it_stops():
+    import subprocess
+    import sys
+
+    from aieng.workbook.servers import servers_still_running
+
+    before = servers_still_running()  # the session's shared server, when a test before started it
+    listener = subprocess.Popen(
+        [sys.executable, "-c", "import socket,sys,time; s=socket.socket(); s.bind(('127.0.0.1',0)); s.listen();"
+         "print(s.getsockname()[1], flush=True); time.sleep(60)"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        port = listener.stdout.readline().strip()
+        left = [entry for entry in servers_still_running() if entry not in before]
+        assert len(left) == 1 and left[0].startswith(f"pid {listener.pid} ") and left[0].endswith(f"on {port}")
+    finally:
+        listener.kill()
+        listener.wait()
+    assert servers_still_running() == before

@@ -1,0 +1,54 @@
+"""``make book`` for real: every lesson and every runbook's dry run executes (this is the suite's
+run of the notebooks), the built pages read right in headless Chromium, and JupyterLab opens a
+lesson on the project's kernel and runs its first cells."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from aieng.workbook.book import BookConfig, build, chapters
+from aieng.workbook.book_browser import check_book, check_lab
+
+pytestmark = pytest.mark.notebook
+PAGES = [page.name for page in chapters(BookConfig())]
+
+
+@pytest.fixture(scope="module")
+def book(tmp_path_factory):
+    out = tmp_path_factory.mktemp("book")
+    record = build(BookConfig(out=out))
+    return out, {page["name"]: page for page in record["pages"]}
+
+
+@pytest.mark.parametrize("name", PAGES)
+def test_every_lesson_and_runbook_executes(book, name):
+    page = book[1][name]
+    assert page["status"] == "ok", f"{name} raised: {page['error']} (executed copy: {page['executed']})"
+
+
+def test_the_index_lists_every_page_in_reading_order_with_where_it_ran(book):
+    out, _ = book
+    index = (out / "index.html").read_text()
+    assert re.findall(r"href='([\w]+)\.html'", index) == PAGES
+    assert "cores, torch" in index and "at commit" in index
+
+
+def test_a_runbook_page_lists_its_parameters_and_what_each_step_checks(book):
+    text = (book[0] / "deploy_model.html").read_text()
+    assert "At a glance" in text and "this dry run" in text
+    assert "Evaluate and gate" in text and "pass the release gate" in text
+
+
+def test_the_book_reads_right_in_a_browser_and_keeps_screenshots(book, chromium):
+    out, _ = book
+    report = check_book(out, screenshots=out / "screenshots")
+    assert set(report) == {"index", *PAGES}
+    assert not {page: problems for page, problems in report.items() if problems}
+    for name in ("index.png", "05_batching.png", "05_batching-plot.png"):
+        assert (out / "screenshots" / name).stat().st_size > 1000, name
+
+
+def test_a_lesson_opens_on_the_aieng_kernel_in_jupyterlab_and_runs_its_first_cells(chromium):
+    assert check_lab("01_process_setup.ipynb", cells=4) == []
