@@ -248,7 +248,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"book: {len(record['pages'])} pages in {record['seconds']:.0f} s -> {Path(args.out) / 'index.html'}")
     if failed:
         print(f"book: these pages raised (their pages show where): {', '.join(failed)}", file=sys.stderr)
-    return 1 if failed or (args.check and not browser_check(Path(args.out))) else 0
+    read_right = browser_check(Path(args.out)) if args.check else True  # checked even when a page raised
+    return 1 if failed or not read_right else 0
 
 
 def browser_check(site: Path) -> bool:
