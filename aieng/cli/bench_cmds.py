@@ -170,9 +170,28 @@ def add_parser(sub) -> None:
         "name starts with demo)",
     )
     p.set_defaults(handler=bench_run.grammar)
+    add_memory_parser(kinds)
 
 
 FORMATS = WEIGHT_FORMATS
+
+
+def add_memory_parser(kinds) -> None:
+    p = kinds.add_parser(
+        "memory",
+        parents=[STORE],
+        help="read bandwidth: the ceiling of a batch-1 decode step, and how much of it torch's bf16 matvec reaches",
+        description="A sum over a buffer far larger than the caches (the machine's read bandwidth with "
+        "torch's threads) and the bf16 matrix-vector product of a batch-1 linear layer over a weight "
+        "of the same size, median over --repeats. With --model: the most tokens/s a batch-1 step "
+        "reading that model's weights can reach here, per weight format (aieng.bench.memory_bench).",
+    )
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's count)")
+    p.add_argument("--mib", type=int, default=512, help="buffer size in MiB (default 512)")
+    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--model", default=None, metavar="PATH|N[@V]", help="a model folder or a store reference")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=bench_run.memory)
 
 
 def _attention_options(p) -> None:

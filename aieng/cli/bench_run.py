@@ -250,3 +250,30 @@ def serve(args: argparse.Namespace) -> int:
     else:
         print(format_table(bench))
     return 0
+
+
+def memory(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from aieng.bench.memory_bench import measure_bandwidth, report
+    from aieng.errors import ConfigError
+
+    if args.mib < 1 or args.repeats < 1 or (args.threads is not None and args.threads < 1):
+        raise ConfigError("--mib, --repeats and --threads are >= 1")
+    model = None
+    if args.model:
+        from aieng.store import ModelStore, parse_ref
+        from aieng.store.introspect import inspect_folder
+
+        folder = Path(args.model)
+        if not folder.is_dir():
+            folder = ModelStore(settings_from(args).store).path(parse_ref(args.model))
+        model = (args.model, inspect_folder(folder).num_parameters)
+    with tqdm(total=2, desc="bench memory", unit="reading", disable=args.json) as bar:
+        result = measure_bandwidth(args.threads, args.mib, args.repeats, progress=lambda _: bar.update())
+    if args.json:
+        extra = {"model": model[0], "num_parameters": model[1]} if model else {}
+        print_json({**result.to_dict(), **extra})
+    else:
+        print("\n".join(report(result, model)))
+    return 0
