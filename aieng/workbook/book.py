@@ -28,6 +28,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from unittest import mock
 
 from aieng.workbook.book_pages import CHECK_TAG, PLOT_TAG
 from aieng.workbook.paths import PROJECT_ROOT, store_root
@@ -146,7 +147,8 @@ def runbook_stage(source_store: Path):
 
     source = ModelStore(source_store).path(ModelRef("demo"))
     token = secrets.token_hex(16)  # the admin API's, for the runbooks' hot-swap pre-checks
-    with tempfile.TemporaryDirectory(prefix="aieng-book-") as tmp, _environ(AIENG_ADMIN_TOKEN=token):
+    # in this process's environment, so the kernels papermill starts inherit it; put back after
+    with tempfile.TemporaryDirectory(prefix="aieng-book-") as tmp, mock.patch.dict(os.environ, AIENG_ADMIN_TOKEN=token):
         store = ModelStore(Path(tmp) / "store")
         for version in ("1", "2", "3"):
             store.register(source, "demo", version, provenance="the book's stage")
@@ -155,21 +157,6 @@ def runbook_stage(source_store: Path):
         env = {"AIENG_ADMIN_TOKEN": token}
         with ServerProcess(store=store.root, model="demo", extra_args=["--workers", "1"], env=env) as server:
             yield store.root, server.base_url, source
-
-
-@contextlib.contextmanager
-def _environ(**values: str):
-    """``values`` in this process's environment (so the kernels papermill starts inherit them), then back."""
-    saved = {key: os.environ.get(key) for key in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 def runbook_parameters(name: str, store: Path, url: str, source: Path) -> dict:
