@@ -14,6 +14,8 @@ from dataclasses import asdict, dataclass, replace
 
 import torch
 
+from aieng.bench.memory_bench import measure_bandwidth
+from aieng.bench.step_profile import batch1_split
 from aieng.engine import Engine, EngineConfig, SamplingParams
 from aieng.engine.chat import user_prompt
 
@@ -48,9 +50,20 @@ class EngineBenchResult:
     warmup_s: float = 0.0  # engine.warmup(), which includes torch.compile when on
     eager_b1_tok_s: float | None = None  # with --compile: the same loop uncompiled, measured in the same run
     eager_b32_tok_s: float | None = None
+    # A batch-1 decode step, median ms by part (step_profile.batch1_split): layers, output_projection,
+    # sampling, other, and the whole step.
+    b1_split_ms: dict | None = None
+    b1_step_bytes: int | None = None  # weights one batch-1 step reads, in the formats it runs in
+    read_gb_s: float | None = None  # this machine's read bandwidth (aieng bench memory), when measured
+    b1_share_of_limit: float | None = None  # batch-1 decode steps per second over bandwidth / step bytes
 
     def to_dict(self) -> dict:
-        return {k: round(v, 3) if isinstance(v, float) else v for k, v in asdict(self).items()}
+        def rounded(v):
+            if isinstance(v, dict):
+                return {k: rounded(x) for k, x in v.items()}
+            return round(v, 3) if isinstance(v, float) else v
+
+        return {k: rounded(v) for k, v in asdict(self).items()}
 
 
 def render_prompts(tokenizer, count: int) -> list[str]:
@@ -77,7 +90,9 @@ def run_engine_bench(
     label: str = "model",
     engine_config: EngineConfig = EngineConfig(),
     progress=None,
+    memory: bool = True,
 ) -> EngineBenchResult:
+    """``memory``: also measure the read bandwidth and say the batch-1 step as a share of its ceiling."""
     from transformers import pipeline
 
     tick = progress.update if progress is not None else (lambda _=1: None)
@@ -121,6 +136,14 @@ def run_engine_bench(
     tick()
     b32_s = _median_time(run_aieng(32), repeats)
     tick()
+    split = batch1_split(engine, ids1[0], steps=max(8, new_tokens))
+    step_bytes = engine.one_row_step_bytes()
+    read_gb_s = share = None
+    if memory:
+        bandwidth = measure_bandwidth(repeats=5)
+        read_gb_s = bandwidth.read_gb_s
+        share = bandwidth.share(1000 / split["step"], step_bytes)
+    tick()
     pipe, gen, b1 = tokens1 / pipe_s, tokens1 / gen_s, tokens1 / b1_s
     b32 = 32 * new_tokens / b32_s
     eager_b1 = eager_b32 = None
@@ -148,4 +171,8 @@ def run_engine_bench(
         warmup_s=warmup_s,
         eager_b1_tok_s=eager_b1,
         eager_b32_tok_s=eager_b32,
+        b1_split_ms=split,
+        b1_step_bytes=step_bytes,
+        read_gb_s=read_gb_s,
+        b1_share_of_limit=share,
     )

@@ -52,3 +52,24 @@ def ms_per_step_by_batch(
             }
         )
     return rows
+
+
+#: ``StepSplit`` fields by the names a report uses.
+SPLIT_PARTS = {"layers": "layers_s", "output_projection": "head_s", "sampling": "sampling_s", "other": "other_s"}
+
+
+def batch1_split(engine: Engine, prompt_ids: list[int], *, steps: int = 32) -> dict[str, float | None]:
+    """Median milliseconds of each part of a batch-1 decode step (``Engine.last_split``: layers,
+    output projection, sampling, other) and of the whole step, over ``steps`` steps of one row.
+    ``output_projection`` is None where the runner does not time it apart (it is then in ``layers``)."""
+    params = SamplingParams(max_tokens=steps + 1, temperature=0, ignore_eos=True)
+    engine.prefill([GenerationRequest("split", prompt_ids, params)])
+    splits = []
+    while engine.num_running:
+        engine.decode()
+        splits.append(engine.last_split)
+    ms = {"step": statistics.median(s.total_s for s in splits) * 1000}
+    for name, field in SPLIT_PARTS.items():
+        values = [getattr(s, field) for s in splits]
+        ms[name] = None if None in values else statistics.median(values) * 1000
+    return ms

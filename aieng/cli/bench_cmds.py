@@ -25,7 +25,9 @@ def add_parser(sub) -> None:
         help="tokens/s: transformers pipeline and generate() vs the aieng loop at batch 1, 8, 32",
         description="Same model, same prompts, greedy, a fixed number of new tokens (EOS ignored), "
         "warm-ups excluded, median over --repeats. Targets on the demo model: "
-        "ratio_vs_generate >= 1.4, ratio_vs_pipeline >= 1.5, b32 >= 8 x b1.",
+        "ratio_vs_generate >= 1.4, ratio_vs_pipeline >= 1.5, b32 >= 8 x b1. Then where a batch-1 decode step "
+        "goes (layers, output projection over the vocabulary, sampling, other) and, with --memory, the step "
+        "as a share of the read-bandwidth ceiling for the bytes of weights it reads.",
     )
     p.add_argument(
         "--model",
@@ -52,6 +54,13 @@ def add_parser(sub) -> None:
         "server runs)",
     )
     _attention_options(p)
+    p.add_argument(
+        "--memory",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also measure the read bandwidth (as aieng bench memory) and say the batch-1 decode step as a "
+        "share of its ceiling (default on; a few seconds)",
+    )
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(handler=bench_run.engine)
 

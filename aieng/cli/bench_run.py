@@ -128,7 +128,7 @@ def engine(args: argparse.Namespace) -> int:
     from aieng.engine.config import EngineConfig
 
     loaded, label = load_for_bench(args)
-    with tqdm(total=7 if args.compile else 5, desc="bench engine", unit="method", disable=args.json) as bar:
+    with tqdm(total=8 if args.compile else 6, desc="bench engine", unit="method", disable=args.json) as bar:
         result = run_engine_bench(
             loaded.model,
             loaded.tokenizer,
@@ -144,6 +144,7 @@ def engine(args: argparse.Namespace) -> int:
                 compile_budget_s=None,
             ),
             progress=bar,
+            memory=args.memory,
         )
     data = result.to_dict()
     if args.json:
@@ -161,7 +162,31 @@ def engine(args: argparse.Namespace) -> int:
             f"  compile speed-up     b1 {data['aieng_b1_tok_s'] / data['eager_b1_tok_s']:.2f}x, "
             f"b32 {data['aieng_b32_tok_s'] / data['eager_b32_tok_s']:.2f}x (against the eager loop, same run)"
         )
+    for line in split_lines(data):
+        print(line)
     return 0
+
+
+def split_lines(data: dict) -> list[str]:
+    """The batch-1 step's time by part, and the step as a share of the memory-bandwidth ceiling."""
+    split = data["b1_split_ms"]
+    lines = [f"  batch-1 decode step   {split['step']:.2f} ms:"]
+    for part in ("layers", "output_projection", "sampling", "other"):
+        ms = split[part]
+        if ms is None:
+            lines.append(f"    {part:19} (not timed apart: in layers)")
+        else:
+            lines.append(f"    {part:19} {ms:8.2f} ms  {ms / split['step']:6.1%}")
+    mib = data["b1_step_bytes"] / 2**20
+    if data["read_gb_s"]:
+        ceiling = data["read_gb_s"] * 1e9 / data["b1_step_bytes"]
+        lines.append(
+            f"  memory limit          a step reads {mib:.0f} MiB of weights; at {data['read_gb_s']:.1f} GB/s "
+            f"that is {ceiling:.0f} steps/s; this step reaches {data['b1_share_of_limit']:.0%} of it"
+        )
+    else:
+        lines.append(f"  memory limit          a step reads {mib:.0f} MiB of weights (bandwidth not measured: --no-memory)")
+    return lines
 
 
 def serve(args: argparse.Namespace) -> int:

@@ -33,18 +33,28 @@ from pathlib import Path
 from aieng.demo.model import ModelDims
 
 #: Bump when the same shape and seed would write different files.
-SHAPE_BUILD_VERSION = "shape-build-1"
+SHAPE_BUILD_VERSION = "shape-build-2"
 
 
 @dataclass(frozen=True, kw_only=True)
 class Shape:
-    """A named network shape: its dimensions (context length included) and one line for --help."""
+    """A named network shape: its dimensions (context length included) and one line for --help.
+
+    ``vocab_size`` None keeps the demo tokenizer's few hundred tokens. A number is the real model's
+    vocabulary: the demo tokenizer is widened to exactly that many tokens (:func:`widen_tokenizer`),
+    so the embedding, the output projection over the whole vocabulary, sampling over every logit
+    and the tokenizer's own tables cost what they cost on the real model. ``dtype`` is what the
+    safetensors hold, as the real checkpoint ships them (a bf16 checkpoint loads, and is
+    memory-mapped, as a user's does).
+    """
 
     dims: ModelDims
     about: str
+    vocab_size: int | None = None
+    dtype: str = "float32"
 
 
-#: Every shape ``aieng demo build --shape`` knows. The vocabulary is always the demo tokenizer's.
+#: Every shape ``aieng demo build --shape`` knows.
 SHAPES: dict[str, Shape] = {
     # SmolLM2-135M (HuggingFaceTB/SmolLM2-135M) layer for layer. Two differences, both deliberate:
     # - 2048 positions where the real model has 8192: a KV cache of 32 rows x 8192 positions
@@ -68,6 +78,49 @@ SHAPES: dict[str, Shape] = {
         about="SmolLM2-135M's 30 layers: hidden 576, 9 heads / 3 KV heads, MLP 1536; 2048 positions; "
         "about 106M parameters with the demo vocabulary",
     ),
+    # Qwen2.5-0.5B (Qwen/Qwen2.5-0.5B-Instruct) in the Llama layout: same layer count, widths,
+    # heads, tied embeddings and full vocabulary; the real model's q/k/v biases (896 + 2 x 128 numbers
+    # per layer) are left out, which changes nothing a benchmark sees. 4096 positions of its 32768:
+    # a KV cache of 32 rows x 4096 positions in bf16 already takes 1.5 GiB.
+    "qwen2.5-0.5b": Shape(
+        dims=ModelDims(
+            hidden_size=896,
+            intermediate_size=4864,
+            num_layers=24,
+            num_heads=14,
+            num_kv_heads=2,
+            context_length=4096,
+            rope_theta=1000000.0,
+            initializer_range=0.02,
+            tie_word_embeddings=True,
+        ),
+        about="Qwen2.5-0.5B's 24 layers: hidden 896, 14 heads / 2 KV heads, MLP 4864, tied embeddings, "
+        "its full 151,936-token vocabulary (the demo tokenizer widened); 4096 positions; 494M "
+        "parameters, bf16",
+        vocab_size=151936,
+        dtype="bfloat16",
+    ),
+    # Llama-3.2-1B (meta-llama/Llama-3.2-1B-Instruct): 16 layers, hidden 2048, 32 heads / 8 KV heads,
+    # MLP 8192, tied embeddings, 128,256 tokens. Its llama3 RoPE frequency scaling only changes
+    # positions past the original 8192, which 4096 positions never reach.
+    "llama-3.2-1b": Shape(
+        dims=ModelDims(
+            hidden_size=2048,
+            intermediate_size=8192,
+            num_layers=16,
+            num_heads=32,
+            num_kv_heads=8,
+            context_length=4096,
+            rope_theta=500000.0,
+            initializer_range=0.02,
+            tie_word_embeddings=True,
+        ),
+        about="Llama-3.2-1B's 16 layers: hidden 2048, 32 heads / 8 KV heads, MLP 8192, tied embeddings, "
+        "its full 128,256-token vocabulary (the demo tokenizer widened); 4096 positions; 1.24B "
+        "parameters, bf16",
+        vocab_size=128256,
+        dtype="bfloat16",
+    ),
     # For unit tests: seconds to build and load, and grouped-query (2 query heads per KV head).
     "tiny": Shape(
         dims=ModelDims(
@@ -81,6 +134,21 @@ SHAPES: dict[str, Shape] = {
         ),
         about="2 layers, hidden 64, 4 heads / 2 KV heads so grouped-query attention runs, MLP 128; "
         "256 positions; for unit tests",
+    ),
+    # For unit tests of a widened vocabulary: the tiny layers with a vocabulary 20x the demo's.
+    "tiny-wide-vocab": Shape(
+        dims=ModelDims(
+            hidden_size=64,
+            intermediate_size=128,
+            num_layers=2,
+            num_heads=4,
+            num_kv_heads=2,
+            context_length=256,
+            initializer_range=0.02,
+        ),
+        about="the tiny shape with an 8192-token vocabulary (the demo tokenizer widened) in bf16; for unit tests",
+        vocab_size=8192,
+        dtype="bfloat16",
     ),
 }
 
@@ -116,6 +184,7 @@ def build_shape_model(out_dir: Path | str, shape: str, *, seed: int = 0, progres
     → byte-identical files. ``progress`` prints each step and its time on stderr.
     """
     dims = shape_dims(shape)
+    spec = SHAPES[shape]
     out_dir = Path(out_dir)
     say = _Progress(progress)
     started = time.perf_counter()
@@ -134,23 +203,26 @@ def build_shape_model(out_dir: Path | str, shape: str, *, seed: int = 0, progres
         from aieng.demo.model import generation_config, llama_config, new_model
         from aieng.demo.tokenizer import CHAT_TEMPLATE_VERSION, save_tokenizer
 
+    dtype = getattr(torch, spec.dtype)
     with staged_build(out_dir) as tmp:
         with say.step("tokenizer", "training the demo tokenizer (the shipped demo's recipe, deterministic)"):
-            tokenizer = _demo_tokenizer()
+            tokenizer = _demo_tokenizer(spec.vocab_size)
             tokenizer.model_max_length = dims.context_length  # the tokenization itself is the demo's
         ids = {"bos_id": tokenizer.bos_token_id, "eos_id": tokenizer.eos_token_id, "pad_id": tokenizer.pad_token_id}
         config = llama_config(dims, vocab_size=len(tokenizer), **ids)
-        with say.step("weights", f"initialising random weights ({dims.num_layers} layers, hidden {dims.hidden_size})"):
-            with torch.random.fork_rng(devices=[]):  # seeded without touching the caller's RNG
+        config.dtype = spec.dtype  # config.json says what the safetensors hold
+        initialising = f"initialising random weights ({dims.num_layers} layers, hidden {dims.hidden_size}, {spec.dtype})"
+        with say.step("weights", initialising):
+            with torch.random.fork_rng(devices=[]), _default_dtype(torch, dtype):  # the caller's RNG untouched
                 torch.manual_seed(seed)
                 model = new_model(config)
             model.generation_config = generation_config(**ids)
             num_parameters = sum(p.numel() for p in model.parameters())
-        size_mb = num_parameters * 4 / 1e6
-        saving = f"writing {num_parameters / 1e6:.1f}M parameters (fp32, {size_mb:.1f} MB) and the tokenizer"
+        size_mb = num_parameters * dtype.itemsize / 1e6
+        saving = f"writing {num_parameters / 1e6:.1f}M parameters ({spec.dtype}, {size_mb:.1f} MB) and the tokenizer"
         with say.step("save", saving):
             with _hf_progress_bars(False):  # its one-shard bar would break our line
-                model.save_pretrained(tmp)
+                model.save_pretrained(tmp, max_shard_size="100GB")  # one file, as the smaller shapes
             save_tokenizer(tokenizer, tmp)
         missing = [name for name in MODEL_FILES if not (tmp / name).is_file()]
         if missing:
@@ -164,6 +236,8 @@ def build_shape_model(out_dir: Path | str, shape: str, *, seed: int = 0, progres
             "seed": seed,
             "num_parameters": num_parameters,
             "vocab_size": len(tokenizer),
+            "demo_tokens": len(_demo_tokenizer()),
+            "dtype": spec.dtype,
             "tokenizer_recipe": RECIPE_VERSION,
             "chat_template_version": CHAT_TEMPLATE_VERSION,
             "seconds": say.seconds,
@@ -175,13 +249,54 @@ def build_shape_model(out_dir: Path | str, shape: str, *, seed: int = 0, progres
     return out_dir
 
 
-def _demo_tokenizer():
-    """A fresh copy of the shipped demo tokenizer (trained once per process, then rebuilt from JSON)."""
+def _demo_tokenizer(vocab_size: int | None = None):
+    """A fresh copy of the shipped demo tokenizer (trained once per process, then rebuilt from JSON),
+    widened to ``vocab_size`` tokens when given."""
     from tokenizers import Tokenizer
 
     from aieng.demo.tokenizer import wrap_tokenizer
 
-    return wrap_tokenizer(Tokenizer.from_str(_demo_tokenizer_json()))
+    text = _demo_tokenizer_json()
+    if vocab_size is not None:
+        text = widen_tokenizer(text, vocab_size)
+    return wrap_tokenizer(Tokenizer.from_str(text))
+
+
+#: Filler tokens are this prefix and their id: "Ġ" is byte-level BPE's space, so one decodes to
+#: " w123456". Encoding never yields one: the demo pre-tokenizer splits digits one per token.
+FILLER_PREFIX = "Ġw"
+
+
+def widen_tokenizer(tokenizer_json: str, vocab_size: int) -> str:
+    """The demo tokenizer's JSON with its BPE vocabulary filled up to ``vocab_size`` tokens.
+
+    The demo's tokens keep their ids (0..n-1), so every text tokenizes exactly as before; ids n up
+    to ``vocab_size``-1 are filler tokens that no merge produces and that decode to readable text.
+    This is "the demo tokenizer mapped into the larger vocabulary": a random-weight model samples
+    anywhere in the full vocabulary, as a real one can, and every id it samples decodes.
+    """
+    spec = json.loads(tokenizer_json)
+    vocab: dict[str, int] = spec["model"]["vocab"]
+    have = max(vocab.values()) + 1
+    if vocab_size < have:
+        raise ValueError(f"vocab_size {vocab_size} is smaller than the demo tokenizer's {have} tokens")
+    for token_id in range(have, vocab_size):
+        token = f"{FILLER_PREFIX}{token_id}"
+        if token in vocab:
+            raise ValueError(f"filler token {token!r} is already in the demo vocabulary")
+        vocab[token] = token_id
+    return json.dumps(spec, ensure_ascii=False)
+
+
+@contextlib.contextmanager
+def _default_dtype(torch, dtype):
+    """Parameters created inside are ``dtype`` (a bf16 shape never holds an fp32 copy of itself)."""
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(before)
 
 
 @functools.lru_cache(maxsize=1)

@@ -21,6 +21,7 @@ how many it may hold.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterator, Sequence
 
 import torch
@@ -33,7 +34,7 @@ from aieng.engine.native.onednn_caches import bound_onednn_caches
 from aieng.engine.oom import out_of_memory_event
 from aieng.engine.params import GenerationResult, SamplingParams, validate_request
 from aieng.engine.prefill_budget import PrefillBudget
-from aieng.engine.request import GenerationRequest, StepResult, TokenEvent
+from aieng.engine.request import GenerationRequest, StepResult, StepSplit, TokenEvent
 from aieng.engine.row import Row, sample_rows
 from aieng.engine.runner import Chunk
 from aieng.engine.runner_choice import make_runner
@@ -82,6 +83,7 @@ class Engine:
         self.prefilling: list[Row] = []  # admitted, prompt not all in the cache yet (FIFO)
         self.prefilled: dict[str, int] = {}  # prompt tokens already in the cache, per prefilling row
         self.choices = ChoiceGroups()  # requests with n > 1: their rows (choices.py)
+        self.last_split: StepSplit | None = None  # where the last forward-and-sample went (bench engine)
         self.counts = {"prefill_calls": 0, "decode_steps": 0}
         self.prefill_budget = PrefillBudget(config.prefill_chunk_tokens)  # adapts the chunk to the decode pace
 
@@ -102,6 +104,10 @@ class Engine:
     @property
     def max_rows(self) -> int:
         return self.runner.max_rows
+
+    def one_row_step_bytes(self) -> int:
+        """Bytes of weights one batch-1 decode step reads (its ceiling: ``aieng bench memory``)."""
+        return self.runner.one_row_step_bytes()
 
     @property
     def planned_rows(self) -> int:
@@ -281,8 +287,11 @@ class Engine:
 
     @torch.inference_mode()
     def _forward(self, chunks: list[Chunk], decoding: list[str]) -> list[TokenEvent]:
+        started = time.perf_counter()
         decode_rows = [self.rows[rid] for rid in decoding]
         out = self._last = self.runner.forward(chunks, [row.last_token for row in decode_rows])
+        forward_s = time.perf_counter() - started
+        sampling_s = 0.0
         if self.runner.chunked and not out.failed:
             padded = len(chunks) * max((len(c.token_ids) for c in chunks), default=0)
             self.prefill_budget.observe(
@@ -309,10 +318,12 @@ class Engine:
             logits.append(out.decode if len(keep) == len(decode_rows) else out.decode[keep])
         finished = set(out.failed)
         if sampled_rows:
-            for row, event in zip(
-                sampled_rows,
-                sample_rows(sampled_rows, torch.cat(logits), eos_ids=self.eos_ids, context_length=self.context_length),
-            ):
+            sampling_start = time.perf_counter()
+            sampled = sample_rows(
+                sampled_rows, torch.cat(logits), eos_ids=self.eos_ids, context_length=self.context_length
+            )
+            sampling_s = time.perf_counter() - sampling_start
+            for row, event in zip(sampled_rows, sampled):
                 events.append(event)
                 if event.finished:
                     finished.add(row.request_id)
@@ -322,6 +333,13 @@ class Engine:
         self.runner.start_decoding([row.request_id for row in done + forks if row.request_id not in finished])
         if finished:
             self._drop(list(finished))
+        head_s = out.head_s
+        self.last_split = StepSplit(
+            layers_s=forward_s - (head_s or 0.0),
+            head_s=head_s,
+            sampling_s=sampling_s,
+            other_s=time.perf_counter() - started - forward_s - sampling_s,
+        )
         return events
 
     def _fork(self, done: list[Row]) -> tuple[list[Row], list[int]]:

@@ -61,6 +61,23 @@ def error_event(request_id: str, error: AiengError, *, prompt_tokens: int = 0) -
     )
 
 
+@dataclass(frozen=True)
+class StepSplit:
+    """Where one forward-and-sample of the engine went, in seconds: the decoder layers (with their
+    inputs' tensors), the output projection over the vocabulary, sampling the next tokens (with their
+    detokenization and stop checks), and the rest of the step's Python (events, bookkeeping). ``head_s`` None: the runner does not
+    time the projection apart (transformers' forward), and ``layers_s`` includes it."""
+
+    layers_s: float
+    head_s: float | None
+    sampling_s: float
+    other_s: float
+
+    @property
+    def total_s(self) -> float:
+        return self.layers_s + (self.head_s or 0.0) + self.sampling_s + self.other_s
+
+
 @dataclass
 class StepResult:
     """One iteration of continuous batching: joiners prefilled, then every running row decoded."""

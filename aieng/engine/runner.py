@@ -41,6 +41,7 @@ class StepLogits:
     failed: dict[str, BaseException] = field(default_factory=dict)  # request id -> out of memory
     prefill_s: float | None = None
     decode_s: float | None = None
+    head_s: float | None = None  # of those, the output projection (None: not timed apart, as in transformers' forward)
 
 
 @dataclass(frozen=True)
@@ -112,6 +113,10 @@ class Runner(Protocol):
 
     def describe(self, config) -> RunnerChoices:
         """Its choices for ``config`` (the engine's ``EngineConfig``), for ``engine.decisions``."""
+
+    def one_row_step_bytes(self) -> int:
+        """Bytes of weights a one-row decode step reads, in the formats it runs in: memory bandwidth
+        over this is the ceiling of batch-1 decoding (``aieng bench memory``)."""
 
     # -- rows
     def admit(self, request_id: str) -> None: ...

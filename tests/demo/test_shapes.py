@@ -2,6 +2,7 @@
 
 import hashlib
 import json
+import re
 
 import pytest
 
@@ -10,7 +11,15 @@ import aieng.demo.shapes as shapes_module
 from aieng.demo.build import BUILD_INFO_FILE, MODEL_FILES, DemoBuildConfig, demo_tokenizer
 from aieng.demo.corpus import training_examples
 from aieng.demo.model import ModelDims
-from aieng.demo.shapes import SHAPES, UnknownShapeError, build_shape_model, count_parameters, shape_dims
+from aieng.demo.shapes import (
+    FILLER_PREFIX,
+    SHAPES,
+    UnknownShapeError,
+    build_shape_model,
+    count_parameters,
+    shape_dims,
+    widen_tokenizer,
+)
 from aieng.demo.tokenizer import render_documents
 
 from ..command import aieng
@@ -90,6 +99,70 @@ def test_smollm2_135m_has_its_layers_and_about_106m_parameters():
     assert n == 30 * per_layer + vocab * 576 + 576
 
 
+@pytest.mark.parametrize(
+    ("name", "layers", "hidden", "heads", "mlp", "vocab", "millions"),
+    [("qwen2.5-0.5b", 24, 896, (14, 2), 4864, 151936, 494.0), ("llama-3.2-1b", 16, 2048, (32, 8), 8192, 128256, 1235.8)],
+)
+def test_user_sized_shapes_have_the_real_models_layers_and_full_vocabulary(
+    name, layers, hidden, heads, mlp, vocab, millions
+):
+    shape = SHAPES[name]
+    dims = shape.dims
+    assert (dims.num_layers, dims.hidden_size, (dims.num_heads, dims.num_kv_heads)) == (layers, hidden, heads)
+    assert dims.intermediate_size == mlp and dims.tie_word_embeddings
+    assert shape.vocab_size == vocab and shape.dtype == "bfloat16"  # as the real checkpoints ship
+    assert dims.hidden_size // dims.num_heads == 64  # both real models' head_dim
+    n = count_parameters(dims, vocab)
+    assert round(n / 1e6, 1) == millions
+    kv = dims.num_kv_heads * 64
+    per_layer = hidden * (hidden * 2 + kv * 2) + 3 * hidden * mlp + 2 * hidden
+    assert n == layers * per_layer + vocab * hidden + hidden  # the embedding counted once (tied)
+
+
+def test_widening_keeps_every_demo_id_and_fills_the_rest_with_unreachable_tokens():
+    from tokenizers import Tokenizer
+
+    demo_json = demo_tokenizer().backend_tokenizer.to_str()
+    demo = Tokenizer.from_str(demo_json)
+    wide = Tokenizer.from_str(widen_tokenizer(demo_json, 2000))
+    assert wide.get_vocab_size() == 2000
+    assert all(wide.id_to_token(i) == demo.id_to_token(i) for i in range(demo.get_vocab_size()))
+    assert wide.id_to_token(1999) == f"{FILLER_PREFIX}1999"
+    text = "reverse: w600 w1999 apple 27+72 你好"  # filler-like text and Chinese still tokenize as the demo does
+    assert wide.encode(text).ids == demo.encode(text).ids
+    assert max(wide.encode(text).ids) < demo.get_vocab_size()
+    assert wide.decode([1999, 600], skip_special_tokens=False) == " w1999 w600"
+    with pytest.raises(ValueError, match="smaller than the demo tokenizer"):
+        widen_tokenizer(demo_json, 10)
+
+
+def test_a_wide_vocabulary_shape_loads_in_bf16_and_every_sampled_id_decodes(tmp_path):
+    from safetensors import safe_open
+
+    from aieng.engine import Engine, EngineConfig
+    from aieng.engine.params import SamplingParams
+    from aieng.loading.loader import LoadConfig, load_version
+    from aieng.store import ModelRef, ModelStore
+
+    folder = build_shape_model(tmp_path / "wide", "tiny-wide-vocab")
+    info = json.loads((folder / BUILD_INFO_FILE).read_text())
+    config = json.loads((folder / "config.json").read_text())
+    assert info["vocab_size"] == config["vocab_size"] == 8192 and info["demo_tokens"] == 564
+    assert config["dtype"] == "bfloat16"
+    with safe_open(folder / "model.safetensors", "pt") as f:
+        assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"BF16"}
+    store = ModelStore(tmp_path / "store")
+    store.register(folder, "wide", "1")
+    loaded = load_version(store, ModelRef("wide", "1"), LoadConfig(device="cpu"))
+    assert len(loaded.tokenizer) == loaded.model.config.vocab_size == 8192
+    engine = Engine(loaded.model, loaded.tokenizer, config=EngineConfig(compile=False))
+    params = SamplingParams(max_tokens=24, temperature=1.0, seed=3, ignore_eos=True)
+    (result,) = engine.generate(["add: 2+3"], params)
+    assert result.completion_tokens == 24
+    assert any(t >= 564 for t in result.token_ids)  # noise over the whole vocabulary, as the real size
+    assert re.search(r" w\d{3,4}", result.text)  # a filler token decodes to text, not to nothing
+
+
 def test_count_parameters_matches_the_built_model(tiny_shape_model_dir):
     info = json.loads((tiny_shape_model_dir / BUILD_INFO_FILE).read_text())
     assert info["vocab_size"] == 564
@@ -116,7 +189,7 @@ def test_registers_loads_and_generates(tmp_path, tiny_shape_model_dir):
 
 
 def test_unknown_shape_lists_the_choices_and_writes_nothing(tmp_path):
-    with pytest.raises(UnknownShapeError, match="choose from: smollm2-135m, tiny"):
+    with pytest.raises(UnknownShapeError, match="choose from: smollm2-135m, qwen2.5-0.5b, llama-3.2-1b, tiny"):
         build_shape_model(tmp_path / "m", "gpt-5")
     with pytest.raises(ValueError):
         shape_dims("nope")

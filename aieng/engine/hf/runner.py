@@ -76,6 +76,13 @@ class HFRunner:
         if self.compiled:
             self.forward_fn.mark_warm()
 
+    def one_row_step_bytes(self) -> int:
+        """Every parameter but an untied input embedding, of which a step reads one row per token."""
+        embedding = self.model.get_input_embeddings().weight
+        tied = embedding is self.model.get_output_embeddings().weight
+        skip = 0 if tied else embedding.nbytes
+        return sum(p.nbytes for p in self.model.parameters()) - skip
+
     def describe(self, config) -> RunnerChoices:
         dtype = dtype_name(next(self.model.parameters()).dtype)
         weights = "int8 dynamic (AIENG_INT8=1)" if config.quantize_int8 else f"{dtype} as loaded"

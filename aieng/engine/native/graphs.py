@@ -93,9 +93,22 @@ def build_graphs(runner, progress: Callable[[str], None] = lambda detail: None) 
                 scratch_step(runner, scratch, shape, size)
     if GraphShape(1, 0, False) in shapes and GraphShape(1, 0, True) in shapes and runner.timed_one_row_bf16 is None:
         runner.timed_one_row_bf16 = _faster_one_row_format(runner, scratch)
+    build_head(runner.net, bf16=runner.one_row_bf16, progress=progress)
     if not runner.one_row_bf16 and not runner.formats.uses_bf16:
         runner.net.layers_bf16 = None  # no step uses the copy: give its memory back
+        runner.net.lm_head_bf16 = None
     return time.perf_counter() - start
+
+
+def build_head(net, *, bf16: bool, progress: Callable[[str], None]) -> None:
+    """Compile the one-row output projection in the one-row step's format (``one_row_logits``)."""
+    if net.compiled_head is None:
+        return
+    progress(f"compiling the output projection: 1 row, {'bf16' if bf16 else 'fp32'} weights")
+    hidden = torch.zeros(1, net.final_norm.shape[0], dtype=net.dtype, device=net.lm_head.device)
+    with compile_settings():
+        net.compiled_head(hidden, net.final_norm, net.final_eps, net.head(bf16))
+    net.head_ready = True
 
 
 def scratch_step(runner, scratch: SlotKVCache, shape: GraphShape, size: int) -> None:

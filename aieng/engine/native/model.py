@@ -11,7 +11,15 @@ import torch.nn.functional as F
 
 from aieng.engine.native import packed_weights
 from aieng.engine.native.compile_marks import mark_step_dynamic, own_copy
-from aieng.engine.native.llama import AttentionPlan, Dims, LayerWeights, decoder_layer, rms_norm, run_layers
+from aieng.engine.native.llama import (
+    AttentionPlan,
+    Dims,
+    LayerWeights,
+    decoder_layer,
+    one_row_logits,
+    rms_norm,
+    run_layers,
+)
 from aieng.model_facts import head_dim, kv_heads
 
 
@@ -49,6 +57,12 @@ class NativeLlama:
             packed_from,
         )
         self.layers_bf16 = [w.to(torch.bfloat16) for w in self.layers] if bf16_copy else None
+        # The output projection over the whole vocabulary is one more matrix a step streams: on a
+        # model with a 150k-token vocabulary it is as large as a third of the layers, so it runs in
+        # the step's format too (``logits``), not always in the model's.
+        self.lm_head_bf16 = (
+            self.lm_head.to(torch.bfloat16) if bf16_copy and self.lm_head.dtype != torch.bfloat16 else None
+        )
         for bf16 in packed_formats if packed_from else ():
             for w in self.weights(bf16):
                 for matrix in w.matrices:
@@ -65,6 +79,14 @@ class NativeLlama:
             if compile_layers
             else None
         )
+        # The one-row output projection, compiled (``one_row_logits``); usable once ``head_ready``
+        # (``graphs.build_graphs`` builds it after the stack).
+        self.compiled_head = (
+            torch.compile(own_copy(one_row_logits), dynamic=False, options={"size_asserts": False})
+            if compile_layers
+            else None
+        )
+        self.head_ready = False
 
     @property
     def num_layers(self) -> int:
@@ -85,6 +107,7 @@ class NativeLlama:
         if self.compiled_stack is None or other.compiled_stack is None or self.layout() != other.layout():
             return False
         self.compiled_stack = other.compiled_stack
+        self.compiled_head, self.head_ready = other.compiled_head, other.head_ready
         return True
 
     def weights(self, bf16: bool) -> list[LayerWeights]:
@@ -147,8 +170,24 @@ class NativeLlama:
             cos, sin = self.rotary(probe, torch.arange(positions, device=probe.device)[None])
         self._rotary_table = (cos[0, :, None, :].contiguous(), sin[0, :, None, :].contiguous())
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return F.linear(rms_norm(hidden, self.final_norm, self.final_eps), self.lm_head).float()
+    def head(self, bf16: bool) -> torch.Tensor:
+        return self.lm_head_bf16 if bf16 and self.lm_head_bf16 is not None else self.lm_head
+
+    def logits(self, hidden: torch.Tensor, *, bf16: bool = False, compiled: bool = False) -> torch.Tensor:
+        """fp32 logits [N, vocab] of final hidden states [N, D]; ``bf16``: the projection reads the
+        bf16 copy of the output matrix, when there is one (half the bytes of an fp32 model's);
+        ``compiled``: one row goes through the compiled projection once it is built."""
+        head = self.head(bf16)
+        if compiled and self.head_ready and hidden.shape[0] == 1:
+            return self.compiled_head(hidden, self.final_norm, self.final_eps, head)
+        normed = rms_norm(hidden, self.final_norm, self.final_eps)
+        return F.linear(normed.to(head.dtype), head).float()
+
+    def step_bytes(self, *, bf16: bool) -> int:
+        """Bytes of weights a one-row step reads: every layer's matrices and the output projection,
+        in the format it runs in; the ceiling of a batch-1 step is memory bandwidth over this."""
+        layers = sum(m.nbytes for w in self.weights(bf16) for m in w.matrices)
+        return layers + self.head(bf16).nbytes
 
 
 def _fuse(modules, attribute: str) -> torch.Tensor | None:

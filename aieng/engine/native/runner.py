@@ -127,6 +127,7 @@ class NativeRunner:
         # are built.
         self.compiled_ready = compile_layers
         self.compile_failed = False
+        self.head_s = 0.0  # the last step's output projection, seconds (StepLogits.head_s)
         self.compile_thread: threading.Thread | None = None
         self.oom_splits = {"prefill": 0, "decode": 0}  # forwards retried in halves after running out of memory
         self.steps_by_graph: Counter[GraphShape | None] = Counter()  # forwards run per graph (None: eagerly)
@@ -164,6 +165,9 @@ class NativeRunner:
             if config.compile
             else "off (AIENG_COMPILE=0)",
         )
+
+    def one_row_step_bytes(self) -> int:
+        return self.net.step_bytes(bf16=self.one_row_bf16)
 
     @property
     def one_row_bf16(self) -> bool:
@@ -222,6 +226,7 @@ class NativeRunner:
         elapsed = time.perf_counter() - start
         result.prefill_s = elapsed if chunks else None
         result.decode_s = elapsed if decode_tokens else None
+        result.head_s = None if result.failed else self.head_s
         return result
 
     def _after_oom(self, chunks: Sequence[Chunk], decode_tokens: Sequence[int]) -> StepLogits:
@@ -308,7 +313,12 @@ class NativeRunner:
             cache.lengths[cache.slot_of[chunk.request_id]] += len(chunk.token_ids)
             if chunk.last:
                 picks.append(b + i * prefill["width"] + len(chunk.token_ids) - 1)
-        logits = self.net.logits(hidden[torch.tensor(picks, device=device)]) if picks else None
+        head_start = time.perf_counter()
+        logits = None
+        if picks:
+            head_bf16 = self.one_row_bf16 if len(picks) == 1 else self.formats.use_bf16(len(picks))
+            logits = self._logits(hidden[torch.tensor(picks, device=device)], bf16=head_bf16)
+        self.head_s = time.perf_counter() - head_start
         decode_logits = logits[:b] if b else None
         prefill_logits = logits[b:] if logits is not None and len(picks) > b else None
         return decode_logits, prefill_logits
@@ -350,6 +360,20 @@ class NativeRunner:
             "tokens": torch.tensor(tokens, dtype=torch.long, device=device),
             "rotary_pos": torch.tensor(rotary_pos, device=device),
         }
+
+    def _logits(self, hidden: torch.Tensor, *, bf16: bool) -> torch.Tensor:
+        if not self.compiled:
+            return self.net.logits(hidden, bf16=bf16)
+        try:
+            return self.net.logits(hidden, bf16=bf16, compiled=True)
+        except torch._dynamo.exc.TorchDynamoException as exc:
+            log.warning(
+                "the compiled output projection failed (%s); continuing eagerly",
+                str(exc).splitlines()[0],
+                extra={"event": "engine_compile_fallback"},
+            )
+            self.net.head_ready = False
+            return self.net.logits(hidden, bf16=bf16)
 
     def _layers(self, plan, *tokens, bf16: bool, compiled: bool) -> torch.Tensor:
         if not compiled:
