@@ -185,7 +185,9 @@ def split_lines(data: dict) -> list[str]:
             f"that is {ceiling:.0f} steps/s; this step reaches {data['b1_share_of_limit']:.0%} of it"
         )
     else:
-        lines.append(f"  memory limit          a step reads {mib:.0f} MiB of weights (bandwidth not measured: --no-memory)")
+        lines.append(
+            f"  memory limit          a step reads {mib:.0f} MiB of weights (bandwidth not measured: --no-memory)"
+        )
     return lines
 
 

@@ -135,7 +135,7 @@ SHAPES: dict[str, Shape] = {
         about="2 layers, hidden 64, 4 heads / 2 KV heads so grouped-query attention runs, MLP 128; "
         "256 positions; for unit tests",
     ),
-    # For unit tests of a widened vocabulary: the tiny layers with a vocabulary 20x the demo's.
+    # For unit tests of a widened vocabulary: the tiny layers with a vocabulary many times the demo's.
     "tiny-wide-vocab": Shape(
         dims=ModelDims(
             hidden_size=64,
@@ -211,7 +211,9 @@ def build_shape_model(out_dir: Path | str, shape: str, *, seed: int = 0, progres
         ids = {"bos_id": tokenizer.bos_token_id, "eos_id": tokenizer.eos_token_id, "pad_id": tokenizer.pad_token_id}
         config = llama_config(dims, vocab_size=len(tokenizer), **ids)
         config.dtype = spec.dtype  # config.json says what the safetensors hold
-        initialising = f"initialising random weights ({dims.num_layers} layers, hidden {dims.hidden_size}, {spec.dtype})"
+        initialising = (
+            f"initialising random weights ({dims.num_layers} layers, hidden {dims.hidden_size}, {spec.dtype})"
+        )
         with say.step("weights", initialising):
             with torch.random.fork_rng(devices=[]), _default_dtype(torch, dtype):  # the caller's RNG untouched
                 torch.manual_seed(seed)

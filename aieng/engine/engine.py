@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
+from aieng.engine import conveniences
 from aieng.engine.choices import ChoiceGroups
 from aieng.engine.config import EngineConfig
 from aieng.engine.constraints import ConstraintCompiler
@@ -182,7 +183,7 @@ class Engine:
             self._drop(removed)
         return removed
 
-    # -- conveniences built on the steps -------------------------------------------------------
+    # -- conveniences built on the steps (conveniences.py) -------------------------------------
     def generate(
         self,
         prompts: Sequence[str | list[int]],
@@ -191,43 +192,13 @@ class Engine:
         max_batch_size: int = 64,
     ) -> list[GenerationResult]:
         """Run prompts to completion, at most ``max_batch_size`` rows at a time; results in prompt order."""
-        params_list = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
-        if any(p.n != 1 for p in params_list):
-            raise ValueError("generate() returns one result per prompt: n must be 1 (step() serves n > 1)")
-        pending = [self._request(f"gen-{i}", p, sp) for i, (p, sp) in enumerate(zip(prompts, params_list))]
-        order = [r.request_id for r in pending]
-        texts: dict[str, list[str]] = {rid: [] for rid in order}
-        results: dict[str, GenerationResult] = {}
-        while pending or self.rows:
-            room = min(max_batch_size, self.max_rows) - len(self.rows)
-            joiners, pending = pending[:room], pending[room:]
-            for event in self.step(joiners).events:
-                texts[event.request_id].append(event.text)
-                if event.finished:
-                    if event.error is not None:
-                        raise event.error
-                    results[event.request_id] = GenerationResult(
-                        text="".join(texts[event.request_id]),
-                        finish_reason=event.finish_reason,
-                        prompt_tokens=event.prompt_tokens,
-                        completion_tokens=event.completion_tokens,
-                        token_ids=event.token_ids,
-                    )
-        return [results[rid] for rid in order]
+        return conveniences.generate(self, prompts, params, max_batch_size=max_batch_size)
 
     def stream(
         self, prompt: str | list[int], params: SamplingParams, request_id: str = "stream-0"
     ) -> Iterator[TokenEvent]:
         """Yield the events of one request as they are produced (alone in the batch)."""
-        joiners = [self._request(request_id, prompt, params)]
-        while True:
-            events = self.step(joiners).events
-            joiners = []
-            for event in events:
-                if event.request_id == request_id:
-                    yield event
-                    if event.finished:
-                        return
+        return conveniences.stream(self, prompt, params, request_id)
 
     @property
     def shared_graphs(self) -> bool:

@@ -64,9 +64,10 @@ def error_event(request_id: str, error: AiengError, *, prompt_tokens: int = 0) -
 @dataclass(frozen=True)
 class StepSplit:
     """Where one forward-and-sample of the engine went, in seconds: the decoder layers (with their
-    inputs' tensors), the output projection over the vocabulary, sampling the next tokens (with their
-    detokenization and stop checks), and the rest of the step's Python (events, bookkeeping). ``head_s`` None: the runner does not
-    time the projection apart (transformers' forward), and ``layers_s`` includes it."""
+    inputs' tensors), the output projection over the vocabulary, sampling the next tokens (with
+    their detokenization and stop checks), and the rest of the step's Python (events, bookkeeping).
+    ``head_s`` None: the runner does not time the projection apart (transformers' forward), and
+    ``layers_s`` includes it."""
 
     layers_s: float
     head_s: float | None

@@ -101,7 +101,10 @@ def test_smollm2_135m_has_its_layers_and_about_106m_parameters():
 
 @pytest.mark.parametrize(
     ("name", "layers", "hidden", "heads", "mlp", "vocab", "millions"),
-    [("qwen2.5-0.5b", 24, 896, (14, 2), 4864, 151936, 494.0), ("llama-3.2-1b", 16, 2048, (32, 8), 8192, 128256, 1235.8)],
+    [
+        ("qwen2.5-0.5b", 24, 896, (14, 2), 4864, 151936, 494.0),
+        ("llama-3.2-1b", 16, 2048, (32, 8), 8192, 128256, 1235.8),
+    ],
 )
 def test_user_sized_shapes_have_the_real_models_layers_and_full_vocabulary(
     name, layers, hidden, heads, mlp, vocab, millions

@@ -161,6 +161,20 @@ def test_a_model_error_inside_a_compiled_call_is_raised_and_keeps_compile_on(com
     assert compiled_engine.compiled and compiled_engine.stats["compile_fallbacks"] == 0
 
 
+def test_the_one_row_output_projection_is_compiled_at_warmup_and_matches_the_eager_one(compiled_engine):
+    net = compiled_engine.runner.net
+    assert net.head_ready
+    hidden = torch.randn(1, net.final_norm.shape[0])
+    with torch.inference_mode():
+        compiled = net.logits(hidden, compiled=True)
+        eager = net.logits(hidden)
+    assert compiled.shape == eager.shape and compiled.dtype == torch.float32
+    assert torch.allclose(compiled, eager, atol=1e-4, rtol=1e-4)
+    two = torch.randn(2, net.final_norm.shape[0])
+    with torch.inference_mode():  # more rows than one never take the one-row graph
+        assert torch.equal(net.logits(two, compiled=True), net.logits(two))
+
+
 @pytest.mark.parametrize("engine_fixture", ["compiled_engine", "compiled_hf_engine"])
 def test_a_lone_one_token_prompt_needs_no_new_graph(engine_fixture, request):
     compiled_engine = request.getfixturevalue(engine_fixture)
@@ -306,8 +320,9 @@ def test_a_measured_plan_times_the_compiled_one_row_step_in_both_formats(demo, c
     timed = [r for r in caplog.records if getattr(r, "one_row", None)]
     assert runner.timed_one_row_bf16 is not None and len(timed) == 1
     assert timed[0].one_row == ("bf16" if runner.one_row_bf16 else "fp32") and timed[0].fp32_ms > 0
-    # The bf16 copy is dropped once no step can use it.
-    assert (runner.net.layers_bf16 is None) == (not runner.one_row_bf16 and not runner.formats.uses_bf16)
+    # The bf16 copies are dropped once no step can use them.
+    unused = not runner.one_row_bf16 and not runner.formats.uses_bf16
+    assert (runner.net.layers_bf16 is None) == unused and (runner.net.lm_head_bf16 is None) == unused
 
 
 def test_a_fixed_format_builds_one_graph_for_one_row_and_times_nothing(demo):

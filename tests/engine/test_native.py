@@ -150,6 +150,45 @@ def test_bf16_weights_for_small_steps_stay_close_to_fp32(demo, render):
     assert sum(a.text == b.text for a, b in zip(fp32, bf16)) >= 3  # the demo's answers survive bf16
 
 
+def test_the_output_projection_runs_in_the_steps_format_and_its_bytes_count_in_the_step(tiny, render):
+    """On a 150k-token vocabulary the output matrix is a third of what a one-row step reads: in bf16
+    steps it is read from a bf16 copy, and the step's bytes (the batch-1 ceiling) say so."""
+    model, tokenizer = tiny
+    fp32 = Engine(model, tokenizer, config=EngineConfig.exact(compile=False)).runner
+    bf16 = Engine(model, tokenizer, config=EngineConfig(compile=False, weight_formats="bfloat16")).runner
+    assert fp32.net.lm_head_bf16 is None and bf16.net.lm_head_bf16.dtype == torch.bfloat16
+    head = model.lm_head.weight
+    assert fp32.one_row_step_bytes() - bf16.one_row_step_bytes() == head.nbytes // 2 + sum(
+        m.nbytes // 2 for w in fp32.net.layers for m in w.matrices
+    )
+    hidden = torch.randn(3, model.config.hidden_size)
+    exact, halved = fp32.net.logits(hidden), bf16.net.logits(hidden, bf16=True)
+    assert exact.dtype == halved.dtype == torch.float32 and halved.shape == (3, model.config.vocab_size)
+    assert torch.allclose(exact, halved, atol=0.05, rtol=0.02) and not torch.equal(exact, halved)
+
+
+def test_every_step_says_where_its_time_went(tiny, render):
+    import time
+
+    from aieng.bench.step_profile import batch1_split
+
+    model, tokenizer = tiny
+    engine = Engine(model, tokenizer, config=EngineConfig.exact(compile=False))
+    assert engine.last_split is None
+    ids = engine.encode(render("reverse: apple moon"))
+    started = time.perf_counter()
+    engine.prefill([GenerationRequest("a", ids, SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))])
+    wall = time.perf_counter() - started
+    split = engine.last_split
+    assert split.layers_s > 0 and split.head_s > 0 and split.sampling_s > 0 and split.other_s >= 0
+    assert split.total_s <= wall
+    ms = batch1_split(engine, ids, steps=6)
+    assert set(ms) == {"step", "layers", "output_projection", "sampling", "other"}
+    assert all(v > 0 for k, v in ms.items() if k != "other") and engine.num_running == 0
+    hf = Engine(model, tokenizer, config=EngineConfig.exact(compile=False, native=False))
+    assert batch1_split(hf, ids, steps=3)["output_projection"] is None  # inside transformers' forward
+
+
 def test_the_format_plan_is_measured_per_step_size_and_picks_by_token_count(demo):
     from aieng.engine.native.formats import TOKEN_COUNTS, FormatPlan, measure_format_plan
 

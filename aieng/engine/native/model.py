@@ -6,6 +6,8 @@ for the served context, and the compiled stack of decoder layers.
 
 from __future__ import annotations
 
+import logging
+
 import torch
 import torch.nn.functional as F
 
@@ -21,6 +23,8 @@ from aieng.engine.native.llama import (
     run_layers,
 )
 from aieng.model_facts import head_dim, kv_heads
+
+log = logging.getLogger("aieng.engine")
 
 
 class NativeLlama:
@@ -179,7 +183,15 @@ class NativeLlama:
         ``compiled``: one row goes through the compiled projection once it is built."""
         head = self.head(bf16)
         if compiled and self.head_ready and hidden.shape[0] == 1:
-            return self.compiled_head(hidden, self.final_norm, self.final_eps, head)
+            try:
+                return self.compiled_head(hidden, self.final_norm, self.final_eps, head)
+            except torch._dynamo.exc.TorchDynamoException as exc:  # includes inductor's errors
+                log.warning(
+                    "the compiled output projection failed (%s); continuing eagerly",
+                    str(exc).splitlines()[0],
+                    extra={"event": "engine_compile_fallback"},
+                )
+                self.head_ready = False
         normed = rms_norm(hidden, self.final_norm, self.final_eps)
         return F.linear(normed.to(head.dtype), head).float()
 

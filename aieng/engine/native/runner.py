@@ -317,7 +317,7 @@ class NativeRunner:
         logits = None
         if picks:
             head_bf16 = self.one_row_bf16 if len(picks) == 1 else self.formats.use_bf16(len(picks))
-            logits = self._logits(hidden[torch.tensor(picks, device=device)], bf16=head_bf16)
+            logits = self.net.logits(hidden[torch.tensor(picks, device=device)], bf16=head_bf16, compiled=self.compiled)
         self.head_s = time.perf_counter() - head_start
         decode_logits = logits[:b] if b else None
         prefill_logits = logits[b:] if logits is not None and len(picks) > b else None
@@ -360,20 +360,6 @@ class NativeRunner:
             "tokens": torch.tensor(tokens, dtype=torch.long, device=device),
             "rotary_pos": torch.tensor(rotary_pos, device=device),
         }
-
-    def _logits(self, hidden: torch.Tensor, *, bf16: bool) -> torch.Tensor:
-        if not self.compiled:
-            return self.net.logits(hidden, bf16=bf16)
-        try:
-            return self.net.logits(hidden, bf16=bf16, compiled=True)
-        except torch._dynamo.exc.TorchDynamoException as exc:
-            log.warning(
-                "the compiled output projection failed (%s); continuing eagerly",
-                str(exc).splitlines()[0],
-                extra={"event": "engine_compile_fallback"},
-            )
-            self.net.head_ready = False
-            return self.net.logits(hidden, bf16=bf16)
 
     def _layers(self, plan, *tokens, bf16: bool, compiled: bool) -> torch.Tensor:
         if not compiled:
