@@ -311,9 +311,12 @@ def test_the_graphs_built_do_not_depend_on_where_the_measured_plan_switches_form
 def test_a_measured_plan_times_the_compiled_one_row_step_in_both_formats(demo, caplog):
     """The eager plan's timings say nothing about the compiled one-row kernel inductor generates:
     with ``auto`` both one-row graphs are built and timed, and the faster one serves."""
+    from dataclasses import replace
+
     model, tokenizer = demo
     engine = Engine(model, tokenizer, config=EngineConfig.exact(compile=True, weight_formats="auto"))
     runner = engine.runner
+    runner.formats = replace(runner.formats, one_row_margin=None)  # whatever the demo's eager timings said
     assert runner.formats.measured and {(1, 0, False), (1, 0, True)} <= set(runner.compile_shapes())
     with caplog.at_level(logging.INFO, logger="aieng.engine"):
         engine.warmup()
@@ -323,6 +326,25 @@ def test_a_measured_plan_times_the_compiled_one_row_step_in_both_formats(demo, c
     # The bf16 copies are dropped once no step can use them.
     unused = not runner.one_row_bf16 and not runner.formats.uses_bf16
     assert (runner.net.layers_bf16 is None) == unused and (runner.net.lm_head_bf16 is None) == unused
+
+
+@pytest.mark.parametrize(
+    ("one_row_margin", "one_row_graphs"),
+    [(None, [(1, 0, False), (1, 0, True)]), (1.2, [(1, 0, False), (1, 0, True)]), (3.0, [(1, 0, True)])],
+)
+def test_a_format_that_wins_one_row_clearly_eager_is_the_only_one_row_graph(demo, one_row_margin, one_row_graphs):
+    """Eager bf16 three times faster than fp32 at one token: the compiled fp32 graph cannot catch up
+    (both stream through the same kernel, bf16 reads half the bytes), so it is not built or raced."""
+    from aieng.engine.native.formats import FormatPlan, plan_from_timings
+
+    model, tokenizer = demo
+    runner = Engine(model, tokenizer, config=EngineConfig.exact(compile=True, weight_formats="auto")).runner
+    runner.net.layers_bf16 = runner.net.layers_bf16 or [w.to(torch.bfloat16) for w in runner.net.layers]
+    runner.formats = FormatPlan(((1, True),), measured=True, one_row_margin=one_row_margin)
+    assert [s for s in runner.compile_shapes() if s.rows == 1] == one_row_graphs
+    clear_loss = FormatPlan(((1, False),), measured=True, one_row_margin=0.5)  # fp32 clearly ahead
+    assert clear_loss.clear_at_one_row and not FormatPlan(measured=True, one_row_margin=0.9).clear_at_one_row
+    assert plan_from_timings({1: (3e-3, 1e-3, 4e-3, 2e-3)}).one_row_margin == pytest.approx(3.0)  # best layouts
 
 
 def test_a_fixed_format_builds_one_graph_for_one_row_and_times_nothing(demo):

@@ -42,6 +42,7 @@ def test_a_second_start_takes_the_kept_plan_without_timing(demo, cache_dir, time
     with caplog.at_level(logging.INFO, logger="aieng.engine"):
         second = measure_format_plan(model, repeats=1)
     assert second == first and timed == []
+    assert second.one_row_margin == pytest.approx(first.one_row_margin, rel=0.01)  # from the kept timings
     assert any(getattr(r, "cached", False) and str(kept) in r.getMessage() for r in caplog.records)
     # not cached: measured, and nothing written over the kept plan
     before = kept.read_text()

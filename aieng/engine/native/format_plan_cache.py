@@ -53,10 +53,12 @@ def load(path: Path) -> dict | None:
     """The stored plan's fields, or None when there is none or it cannot be read."""
     try:
         data = json.loads(path.read_text())
+        one_token = data.get("timings_us", {}).get("1")  # stores before the margin was read lack it
         return {
             "bf16_from": tuple((int(n), bool(b)) for n, b in data["bf16_from"]),
             "packed_from": int(data["packed_from"]),
             "measured_at": str(data["measured_at"]),
+            "timings": {1: tuple(t / 1e6 for t in one_token)} if one_token else {},
         }
     except FileNotFoundError:
         return None

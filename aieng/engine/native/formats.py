@@ -35,7 +35,7 @@ import logging
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 import torch.nn.functional as F
@@ -56,6 +56,7 @@ STREAMED_BYTES = 1 << 30  # fp32 bytes of matrices timed: beyond any CPU cache, 
 # after the load test's warm-up; a model of realistic size saves far more (the
 # ``engine_weight_formats`` log line has the timings).
 MIN_SAVING_S = 0.5e-3
+CLEAR_MARGIN = 1.5  # FormatPlan.clear_at_one_row
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,9 @@ class FormatPlan:
     bf16_from: tuple[tuple[int, bool], ...] = ()
     measured: bool = False
     packed_from: int = 0
+    # Measured plans: the eager one-token step's fp32 time over its bf16 time (each format's faster
+    # layout). Far from 1, the compiled one-row graphs need no race of their own (``clear_at_one_row``).
+    one_row_margin: float | None = field(default=None, compare=False)
 
     @classmethod
     def fixed(cls, bf16: bool) -> FormatPlan:
@@ -81,6 +85,15 @@ class FormatPlan:
                 break
             choice = bf16
         return choice
+
+    @property
+    def clear_at_one_row(self) -> bool:
+        """One format wins the eager one-token step by ``CLEAR_MARGIN`` or more: compiled, where both
+        stream the weights through the same kernel, the one reading fewer bytes per weight cannot
+        turn into the loser, so only the winner's graph is built (a cold start compiles one graph
+        less, which on a model of realistic size is the longest compile of the start)."""
+        margin = self.one_row_margin
+        return margin is not None and (margin >= CLEAR_MARGIN or margin <= 1 / CLEAR_MARGIN)
 
     @property
     def uses_bf16(self) -> bool:
@@ -159,7 +172,12 @@ def measure_format_plan(model, *, repeats: int = 5, cached: bool = True) -> Form
     )
     kept = format_plan_cache.load(path) if cached else None
     if kept is not None:
-        result = FormatPlan(kept["bf16_from"], measured=True, packed_from=kept["packed_from"])
+        result = FormatPlan(
+            kept["bf16_from"],
+            measured=True,
+            packed_from=kept["packed_from"],
+            one_row_margin=one_row_margin(kept["timings"]),
+        )
         log.info(
             "weight formats: %s (measured at %s on this CPU and thread count, kept in %s: delete it to measure again)",
             result.describe(),
@@ -238,7 +256,15 @@ def plan_from_timings(timings: dict[int, tuple[float, ...]]) -> FormatPlan:
             break
         packed_from = tokens
     plan = tuple((tokens, winner(tokens, packed=bool(packed_from) and tokens >= packed_from)[0]) for tokens in counts)
-    return FormatPlan(plan, measured=True, packed_from=packed_from)
+    return FormatPlan(plan, measured=True, packed_from=packed_from, one_row_margin=one_row_margin(timings))
+
+
+def one_row_margin(timings: dict[int, tuple[float, ...]]) -> float | None:
+    """fp32 seconds over bf16 seconds at one token, each format's faster layout (None: not timed)."""
+    times = timings.get(1)
+    if not times or min(times[1::2]) <= 0:
+        return None
+    return min(times[0::2]) / min(times[1::2])
 
 
 def packed_wins(plain_s: float, packed_s: float) -> bool:

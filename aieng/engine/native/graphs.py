@@ -48,7 +48,8 @@ class GraphShape(NamedTuple):
 
 def compile_shapes(runner) -> list[GraphShape]:
     """The graphs serving uses, most used first:
-    - one decode row, in the one format build_graphs times (both, when the plan is measured);
+    - one decode row, in the one format build_graphs times (both, when the plan is measured and
+      its eager timings do not already say which wins clearly: ``FormatPlan.clear_at_one_row``);
     - 2+ decode rows, in each format the plan uses from 2 tokens;
     - 2+ decode rows beside one prompt chunk, and beside several, in each format the plan uses
       from 4 tokens (2 rows and a chunk of 2): the steps of a busy server, where streams keep
@@ -56,7 +57,8 @@ def compile_shapes(runner) -> list[GraphShape]:
     A graph is dynamic in its sizes, so each is built at the smallest step it serves whatever
     count its format starts at: the measured plan moves between restarts, and a graph built at
     the plan's own threshold would miss the compile cache. Steps with no graph run eagerly."""
-    if runner.formats.measured and runner.net.layers_bf16 is not None:
+    formats = runner.formats
+    if formats.measured and runner.net.layers_bf16 is not None and not formats.clear_at_one_row:
         shapes = [GraphShape(1, 0, False), GraphShape(1, 0, True)]  # build_graphs keeps the faster
     else:
         shapes = [GraphShape(1, 0, runner.one_row_bf16)]
