@@ -16,9 +16,10 @@ conversion with proofs, not a best effort. What llama.cpp needs, and what is wri
   tokenizer does), the pre-tokenizer by the name llama.cpp knows it under, the special ids, and
   ``add_bos_token = false`` (the chat template writes ``<|bos|>`` itself), plus the chat template.
 
-Formats: ``f32`` (exact: greedy ids match the aieng engine's) and ``q8_0`` (2-D weights quantized
-in blocks of 32 by gguf's numpy quantizer; norms stay f32). Neither needs llama.cpp installed:
-only the ``gguf`` package. ``cached_export`` keys a file by the model's file hashes, so a bench
+Formats: ``f32`` (exact: greedy ids match the aieng engine's), ``bf16`` (2-D weights rounded to
+bf16, as aieng's bf16 steps read them), ``q8_0`` and ``q4_0`` (2-D weights quantized in blocks of 32
+by gguf's numpy quantizer); norms stay f32 in every format. None needs llama.cpp installed: only
+the ``gguf`` package. ``cached_export`` keys a file by the model's file hashes, so a bench
 re-uses it.
 """
 
@@ -30,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-FORMATS = ("f32", "q8_0")
+FORMATS = ("f32", "bf16", "q8_0", "q4_0")
 
 #: Hugging Face tokenizers' pre-tokenizer, as a signature -> the ``tokenizer.ggml.pre`` name whose
 #: regexes llama.cpp runs (src/llama-vocab.cpp): "starcoder" splits every digit (\p{N}) and then
@@ -231,7 +232,13 @@ def export_gguf(folder: Path | str, out: Path | str, fmt: str = "f32", *, name: 
 
     writer = gguf.GGUFWriter(None, "llama")
     writer.add_name(name or _model_name(folder))
-    writer.add_file_type(gguf.LlamaFileType.ALL_F32 if fmt == "f32" else gguf.LlamaFileType.MOSTLY_Q8_0)
+    file_type, qtype = {
+        "f32": (gguf.LlamaFileType.ALL_F32, None),
+        "bf16": (gguf.LlamaFileType.MOSTLY_BF16, gguf.GGMLQuantizationType.BF16),
+        "q8_0": (gguf.LlamaFileType.MOSTLY_Q8_0, gguf.GGMLQuantizationType.Q8_0),
+        "q4_0": (gguf.LlamaFileType.MOSTLY_Q4_0, gguf.GGMLQuantizationType.Q4_0),
+    }[fmt]
+    writer.add_file_type(file_type)
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
     writer.add_vocab_size(vocab_size)
     writer.add_context_length(config["max_position_embeddings"])
@@ -276,8 +283,7 @@ def export_gguf(folder: Path | str, out: Path | str, fmt: str = "f32", *, name: 
         elif target.endswith("attn_k.weight"):
             data = permute_qk(data, n_kv)
         data = np.ascontiguousarray(data, dtype=np.float32)
-        if fmt == "q8_0" and data.ndim == 2 and data.shape[-1] % 32 == 0:
-            qtype = gguf.GGMLQuantizationType.Q8_0
+        if qtype is not None and data.ndim == 2 and data.shape[-1] % 32 == 0:
             writer.add_tensor(target, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
         else:
             writer.add_tensor(target, data)

@@ -5,7 +5,7 @@ Peers (``--peer`` is repeatable and takes comma lists; ``--peer-format`` applies
 - ``transformers``: ``transformers serve <folder> --continuous-batching`` (the HF reference).
 - ``llama.cpp``: llama.cpp's own ``llama-server`` binary, what CPU users run: ``-np`` parallel
   slots decoded together (continuous batching), ``-t`` compute threads. It serves a GGUF file that
-  :mod:`aieng.bench.gguf_export` writes from the model folder (f32 or q8_0), cached by model hash.
+  :mod:`aieng.bench.gguf_export` writes from the model folder (f32, bf16, q8_0 or q4_0), cached by model hash.
 - ``llama-cpp-python``: ``python -m llama_cpp.server`` on the same GGUF. It holds one global lock
   around the model, so it serves **one request at a time** (at C=32 the others queue in the lock;
   with its default ``interrupt_requests`` a new request would even cut the running stream, which

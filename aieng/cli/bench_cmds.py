@@ -97,7 +97,8 @@ def add_parser(sub) -> None:
         "--peer-format",
         default="f32",
         metavar="FMT[,FMT]",
-        help="GGUF weights for the llama.cpp peers: f32 (exact), q8_0, or both comma-separated (default f32)",
+        help="GGUF weights for the llama.cpp peers, comma-separated: f32 (exact), bf16 (as aieng's bf16 "
+        "steps), q8_0, q4_0 (default f32); compare aieng's formats with the same ones: bf16 with bf16",
     )
     p.add_argument(
         "--peer-threads",

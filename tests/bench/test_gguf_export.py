@@ -66,7 +66,7 @@ def test_a_tokenizer_llama_cpp_would_split_differently_is_refused(tmp_path):
 @pytest.fixture(scope="module")
 def exported(demo_model_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("gguf")
-    return {fmt: export_gguf(demo_model_dir, out / f"demo-{fmt}.gguf", fmt) for fmt in ("f32", "q8_0")}
+    return {fmt: export_gguf(demo_model_dir, out / f"demo-{fmt}.gguf", fmt) for fmt in ("f32", "bf16", "q8_0", "q4_0")}
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +105,7 @@ def test_metadata_and_tensors_read_back(exported, hf):
         assert kv["llama.attention.head_count_kv"] == config["num_key_value_heads"]
         assert kv["llama.rope.freq_base"] == config["rope_parameters"]["rope_theta"]
         assert kv["llama.attention.layer_norm_rms_epsilon"] == pytest.approx(config["rms_norm_eps"])
-        assert kv["general.file_type"] == (0 if fmt == "f32" else 7)
+        assert kv["general.file_type"] == {"f32": 0, "q8_0": 7, "q4_0": 2, "bf16": 32}[fmt]  # llama_ftype
 
         tensors = {t.name: t for t in reader.tensors}
         expected = {"token_embd.weight", "output_norm.weight"} | {
@@ -134,7 +134,7 @@ def test_metadata_and_tensors_read_back(exported, hf):
             assert list(tensors[name].shape) == list(reversed(weights[hf_name].shape))
         for name, t in tensors.items():
             two_d = len(weights[hf_names.get(name, "model.embed_tokens.weight")].shape) == 2 and "norm" not in name
-            want = GGMLQuantizationType.Q8_0 if fmt == "q8_0" and two_d else GGMLQuantizationType.F32
+            want = GGMLQuantizationType[fmt.upper()] if fmt != "f32" and two_d else GGMLQuantizationType.F32
             assert t.tensor_type == want, name
         f32 = tensors["blk.2.attn_v.weight"]
         if fmt == "f32":
@@ -193,6 +193,30 @@ def test_q8_0_dequantizes_close_to_the_weights(exported, hf):
     restored = dequantize(np.asarray(t.data), t.tensor_type).reshape(original.shape)
     block_max = np.abs(original.reshape(-1, 32)).max(axis=1, keepdims=True)
     assert np.all(np.abs(restored - original).reshape(-1, 32) <= block_max / 127 + 1e-6)  # half a step, and fp16 scale
+
+
+@pytest.mark.parametrize(("fmt", "type_name", "steps"), [("bf16", "BF16", None), ("q4_0", "Q4_0", 7)])
+def test_bf16_and_q4_0_hold_the_weights_in_their_format_and_norms_in_f32(exported, hf, fmt, type_name, steps):
+    """The formats aieng's own bf16 and 4-bit steps are compared with: each 2-D weight in the format,
+    restored within its rounding (bf16: 8 significant bits; Q4_0: half of one of 7 steps of a block's
+    largest magnitude, and the fp16 scale), every norm exact."""
+    from gguf import GGMLQuantizationType, GGUFReader
+    from gguf.quants import dequantize
+
+    _, _, weights = hf
+    tensors = {t.name: t for t in GGUFReader(exported[fmt]).tensors}
+    original = weights["model.layers.1.mlp.up_proj.weight"]
+    t = tensors["blk.1.ffn_up.weight"]
+    assert t.tensor_type == GGMLQuantizationType[type_name]
+    restored = dequantize(np.asarray(t.data), t.tensor_type).reshape(original.shape)
+    if steps is None:
+        assert np.all(np.abs(restored - original) <= np.abs(original) * 2**-7 + 1e-30)
+    else:
+        block_max = np.abs(original.reshape(-1, 32)).max(axis=1, keepdims=True)
+        assert np.all(np.abs(restored - original).reshape(-1, 32) <= block_max / steps + 1e-3 * block_max)
+    norm = tensors["blk.1.attn_norm.weight"]
+    assert norm.tensor_type == GGMLQuantizationType.F32
+    assert np.array_equal(np.asarray(norm.data), weights["model.layers.1.input_layernorm.weight"])
 
 
 def test_cached_export_converts_once_per_model(demo_model_dir, tmp_path):
