@@ -31,9 +31,10 @@ def test_peers_parse_from_repeats_comma_lists_and_formats():
         PeerSpec("llama-cpp-python", "f32"),
     ]
     assert [s.label for s in parse_peers(["transformers", "llama.cpp:q8_0"])] == ["transformers_cb", "llama.cpp_q8_0"]
+    assert parse_peers(["llama.cpp"], "bf16,q4_0") == [PeerSpec("llama.cpp", "bf16"), PeerSpec("llama.cpp", "q4_0")]
     for bad, fmt in (
         (["vllm"], "f32"),
-        (["llama.cpp:q4_0"], "f32"),
+        (["llama.cpp:q5_k"], "f32"),
         (["llama.cpp"], "f16"),
         (["transformers:f32"], "f32"),
     ):
