@@ -54,6 +54,17 @@ class Shape:
     dtype: str = "float32"
 
 
+#: The unit tests' layers: seconds to build and load, and grouped-query (2 query heads per KV head).
+TINY_DIMS = ModelDims(
+    hidden_size=64,
+    intermediate_size=128,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    context_length=256,
+    initializer_range=0.02,
+)
+
 #: Every shape ``aieng demo build --shape`` knows.
 SHAPES: dict[str, Shape] = {
     # SmolLM2-135M (HuggingFaceTB/SmolLM2-135M) layer for layer. Two differences, both deliberate:
@@ -123,29 +134,13 @@ SHAPES: dict[str, Shape] = {
     ),
     # For unit tests: seconds to build and load, and grouped-query (2 query heads per KV head).
     "tiny": Shape(
-        dims=ModelDims(
-            hidden_size=64,
-            intermediate_size=128,
-            num_layers=2,
-            num_heads=4,
-            num_kv_heads=2,
-            context_length=256,
-            initializer_range=0.02,
-        ),
+        dims=TINY_DIMS,
         about="2 layers, hidden 64, 4 heads / 2 KV heads so grouped-query attention runs, MLP 128; "
         "256 positions; for unit tests",
     ),
     # For unit tests of a widened vocabulary: the tiny layers with a vocabulary many times the demo's.
     "tiny-wide-vocab": Shape(
-        dims=ModelDims(
-            hidden_size=64,
-            intermediate_size=128,
-            num_layers=2,
-            num_heads=4,
-            num_kv_heads=2,
-            context_length=256,
-            initializer_range=0.02,
-        ),
+        dims=TINY_DIMS,
         about="the tiny shape with an 8192-token vocabulary (the demo tokenizer widened) in bf16; for unit tests",
         vocab_size=8192,
         dtype="bfloat16",

@@ -36,35 +36,13 @@ def test_the_batch1_step_is_split_by_part_and_said_against_the_memory_limit(tiny
 
 
 def test_the_command_prints_the_split_and_skips_the_bandwidth_when_asked(tiny_shape_model_dir):
-    done = aieng(
-        "bench",
-        "engine",
-        "--model",
-        str(tiny_shape_model_dir),
-        "--new-tokens",
-        "4",
-        "--repeats",
-        "1",
-        "--no-compile",
-        "--no-memory",
-    )
+    args = ("bench", "engine", "--model", str(tiny_shape_model_dir), "--new-tokens", "4", "--repeats", "1")
+    done = aieng(*args, "--no-compile", "--no-memory")
     assert done.returncode == 0, done.stderr
     for part in ("batch-1 decode step", "layers", "output_projection", "sampling", "other"):
         assert part in done.stdout, part
     assert "bandwidth not measured: --no-memory" in done.stdout
-    as_json = aieng(
-        "bench",
-        "engine",
-        "--model",
-        str(tiny_shape_model_dir),
-        "--new-tokens",
-        "4",
-        "--repeats",
-        "1",
-        "--no-compile",
-        "--no-memory",
-        "--json",
-    )
+    as_json = aieng(*args, "--no-compile", "--no-memory", "--json")
     assert as_json.returncode == 0, as_json.stderr
     data = json.loads(as_json.stdout)
     assert data["read_gb_s"] is None and data["b1_share_of_limit"] is None and data["b1_step_bytes"] > 0
