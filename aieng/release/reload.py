@@ -80,11 +80,38 @@ def admin_reload(
     base_url: str, token: str | None = None, *, timeout_s: float = 600.0, version: str | None = None
 ) -> dict:
     """``POST /admin/reload``: the worker that answers re-reads the store (current and canary) at
-    once; the others follow within their poll. Returns its outcome; raises ReloadError."""
+    once; the others follow within their poll. Returns its outcome; raises ReloadError.
+
+    A 503 means the answering worker is busy (still starting, or another swap holds its lock):
+    a passing state, so it is asked again, after its ``Retry-After``, until ``timeout_s``. A
+    worker that refuses the version (409) is final: the old version keeps serving."""
     token = token if token is not None else os.environ.get("AIENG_ADMIN_TOKEN", "")
     if not token:
         raise ConfigError("reloading a server needs the server's admin token in AIENG_ADMIN_TOKEN")
     base_url = base_url.rstrip("/")
+    deadline = time.monotonic() + timeout_s
+    while True:
+        answer = _post_reload(base_url, token, timeout_s=max(1.0, deadline - time.monotonic()))
+        body = answer.json()
+        if answer.status_code != 503 or time.monotonic() >= deadline:
+            break
+        time.sleep(min(_retry_after_s(answer), max(0.0, deadline - time.monotonic())))
+    if answer.status_code == 503:
+        raise ReloadError(
+            f"{base_url} stayed busy for {timeout_s:.0f} s ({body.get('error')}): the store says "
+            f"{version or body.get('version')}; the server follows within AIENG_RELOAD_POLL_S once free, "
+            "or run the reload again"
+        )
+    if answer.status_code != 200:
+        raise ReloadError(
+            f"the server refused {version or body.get('version')}: {body.get('error') or body}; it "
+            f"keeps serving {body.get('previous')}. Roll the store back (`aieng model rollback`) so "
+            "they agree"
+        )
+    return body
+
+
+def _post_reload(base_url: str, token: str, *, timeout_s: float) -> httpx.Response:
     try:
         answer = httpx.post(f"{base_url}/admin/reload", headers={"Authorization": f"Bearer {token}"}, timeout=timeout_s)
     except httpx.HTTPError as exc:
@@ -97,14 +124,14 @@ def admin_reload(
             f"{base_url}/admin/reload answered {answer.status_code}: the server needs "
             "AIENG_ADMIN_TOKEN set, and the same token here"
         )
-    body = answer.json()
-    if answer.status_code != 200:
-        raise ReloadError(
-            f"the server refused {version or body.get('version')}: {body.get('error') or body}; it "
-            f"keeps serving {body.get('previous')}. Roll the store back (`aieng model rollback`) so "
-            "they agree"
-        )
-    return body
+    return answer
+
+
+def _retry_after_s(answer: httpx.Response, default_s: float = 0.5) -> float:
+    try:
+        return min(5.0, max(0.1, float(answer.headers.get("retry-after", default_s))))
+    except ValueError:
+        return default_s
 
 
 def reload_server(

@@ -53,4 +53,5 @@ def install_admin_routes(app: FastAPI, runtime) -> None:
         check_token(request.headers.get("authorization"), runtime.settings.admin_token)
         outcome = await asyncio.to_thread(runtime.swapper.check, forced=True)
         status = {"swapped": 200, "unchanged": 200, "busy": 503}.get(outcome.status, 409)
-        return JSONResponse(outcome.to_dict(), status_code=status)
+        headers = {"Retry-After": "1"} if status == 503 else None  # starting or mid-swap: ask again
+        return JSONResponse(outcome.to_dict(), status_code=status, headers=headers)
