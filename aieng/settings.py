@@ -80,6 +80,13 @@ class Settings:
         "bf16 halves a row's memory and a long-context step's reads; "
         "`aieng eval --kv-cache-dtype bfloat16` records its accuracy",
     )
+    prefix_cache: bool = _setting(
+        True,
+        "prefix caching (native forward): the KV cache rows no request holds keep what their last "
+        "request held, and a new prompt starting with the same tokens (a shared system prompt, the "
+        "conversation so far) reuses them instead of prefilling them again; the least recently used "
+        "is evicted when a row is needed. Within the KV cache budget; 0 = off",
+    )
     native: bool = _setting(
         True,
         "the native forward for Llama-family models (static KV cache, chunked prefill, "

@@ -60,6 +60,26 @@ def test_runtime_config_passes_every_mirrored_setting_on():
     )
 
 
+def changed_value(name: str, default):
+    """A valid value other than ``default`` for the setting ``name``."""
+    choices = {"weight_formats": "bfloat16", "decode_attention": "sdpa", "kv_cache_dtype": "bfloat16"}
+    if name in choices:
+        return choices[name]
+    if isinstance(default, bool):
+        return not default
+    return 7 if default is None else type(default)(default + 1)
+
+
+def test_every_engine_setting_of_the_same_name_reaches_the_engine_config():
+    """A setting the runtime forgets to pass on would be read, documented and ignored."""
+    shared = sorted({f.name for f in fields(EngineConfig)} & {f.name for f in fields(Settings)})
+    assert "prefix_cache" in shared and "kv_cache_dtype" in shared
+    for name in shared:
+        value = changed_value(name, getattr(Settings(), name))
+        engine = RuntimeConfig.from_settings(Settings(**{name: value})).engine
+        assert getattr(engine, name) == value, name
+
+
 def test_a_notebook_builds_the_engine_aieng_serve_builds():
     """One set of defaults: the configs a notebook, a benchmark or a test gets by default are the
     ones `aieng serve` derives from the settings when nothing is set."""

@@ -181,6 +181,7 @@ def add_parser(sub) -> None:
     )
     p.set_defaults(handler=bench_run.grammar)
     add_memory_parser(kinds)
+    add_prefix_parser(kinds)
 
 
 FORMATS = WEIGHT_FORMATS
@@ -202,6 +203,31 @@ def add_memory_parser(kinds) -> None:
     p.add_argument("--model", default=None, metavar="PATH|N[@V]", help="a model folder or a store reference")
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=bench_run.memory)
+
+
+def add_prefix_parser(kinds) -> None:
+    p = kinds.add_parser(
+        "prefix",
+        parents=[STORE],
+        help="the prefix cache on chat traffic: TTFT of a hit vs a miss, and a many-user chat workload "
+        "with one system prompt, cache on vs off",
+        description="Starts the server twice on loopback, with AIENG_PREFIX_CACHE=1 and =0, each "
+        "measured once compiled. Time to first token one request at a time, alternating a hit "
+        "(the shared --system-tokens system prompt and a new question) with a miss (a system prompt "
+        "of the same length never sent before), --repeats each (target: hit p50 <= 0.2 x miss p50). "
+        "Then --users conversations at once, --turns turns each (the system prompt, the conversation "
+        "so far, a new question), greedy, --max-tokens per answer with EOS ignored: requests/s on vs "
+        "off (target >= 2x), the share of prompt tokens read from the cache, and every answer "
+        "compared (greedy output must not change). The conversations must fit the model's context.",
+    )
+    p.add_argument("--model", default=None, metavar="N[@V]", help="store reference (default: $AIENG_MODEL)")
+    p.add_argument("--system-tokens", type=int, default=1000, help="the shared system prompt's length (default 1000)")
+    p.add_argument("--users", type=int, default=16, help="conversations at once (default 16)")
+    p.add_argument("--turns", type=int, default=4, help="turns per conversation (default 4)")
+    p.add_argument("--max-tokens", type=int, default=16, help="new tokens per answer (default 16)")
+    p.add_argument("--repeats", type=int, default=5, help="hits and misses each for the TTFT (default 5)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=bench_run.prefix)
 
 
 def _attention_options(p) -> None:

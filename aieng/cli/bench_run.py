@@ -279,6 +279,47 @@ def serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def prefix(args: argparse.Namespace) -> int:
+    import logging
+    import sys
+
+    from tqdm import tqdm
+    from transformers import AutoTokenizer
+
+    from aieng.bench.prefix_bench import PrefixBenchConfig, check_fits, report, run_prefix_bench
+    from aieng.errors import ConfigError
+    from aieng.store import ModelRef, ModelStore, parse_ref
+    from aieng.store.introspect import inspect_folder
+
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    config = PrefixBenchConfig(args.system_tokens, args.users, args.turns, args.max_tokens, args.repeats)
+    if min(config.system_tokens, config.users, config.turns, config.max_tokens, config.repeats) < 1:
+        raise ConfigError("--system-tokens, --users, --turns, --max-tokens and --repeats are >= 1")
+    settings = settings_from(args)
+    store = ModelStore(settings.store)
+    ref = parse_ref(args.model or settings.model)
+    version = store.resolve(ref)
+    folder = store.version_dir(ref.name, version)
+    store.verify_or_raise(ModelRef(ref.name, version))
+    tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    check_fits(config, inspect_folder(folder).context_length)
+    total = 2 * (2 * config.repeats + 1 + config.users * config.turns)
+    with tqdm(total=total, desc="bench prefix", unit="req", disable=args.json) as bar:
+        result = run_prefix_bench(
+            store.root,
+            f"{ref.name}@{version}",
+            tokenizer,
+            config,
+            progress=bar.update,
+            log=lambda message: tqdm.write(message, file=sys.stderr),
+        )
+    if args.json:
+        print_json(result.to_dict())
+    else:
+        print("\n".join(report(result)))
+    return 0
+
+
 def memory(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 

@@ -25,6 +25,7 @@ class EngineConfig:
     weight_formats: str = DEFAULTS.weight_formats  # auto: measured per step size (native/formats.py) | a fixed one
     decode_attention: str = DEFAULTS.decode_attention  # auto: aieng's CPU kernel when it builds, else SDPA | sdpa
     kv_cache_dtype: str = DEFAULTS.kv_cache_dtype  # auto (native/slots.kv_dtype) | model | bfloat16
+    prefix_cache: bool = DEFAULTS.prefix_cache  # free KV rows keep their tokens for new prompts to reuse
     compile_budget_s: float | None = DEFAULTS.compile_budget_s  # warm-up waits this long, then serves eagerly
     oom_degrade: bool = DEFAULTS.oom_degrade  # a row out of memory alone ends with its text (length), not an error
     # Engine-only knobs (no setting): the shapes warm-up runs.

@@ -35,7 +35,7 @@ from aieng.engine.native.onednn_caches import bound_onednn_caches
 from aieng.engine.oom import out_of_memory_event
 from aieng.engine.params import GenerationResult, SamplingParams, validate_request
 from aieng.engine.prefill_budget import PrefillBudget
-from aieng.engine.request import GenerationRequest, StepResult, StepSplit, TokenEvent
+from aieng.engine.request import GenerationRequest, StepResult, StepSplit, TokenEvent, prefix_step
 from aieng.engine.row import Row, sample_rows
 from aieng.engine.runner import Chunk
 from aieng.engine.runner_choice import make_runner
@@ -141,6 +141,7 @@ class Engine:
     # -- one iteration of continuous batching ---------------------------------------------------
     def step(self, joiners: Sequence[GenerationRequest] = (), leaving: Sequence[str] = ()) -> StepResult:
         """Drop ``leaving``, admit ``joiners``, then one forward: prompt chunks and every decoding row."""
+        counted = self.runner.prefix_counts()
         self.remove(leaving)
         events = self._admit(joiners)
         chunks = self._plan_chunks()
@@ -160,6 +161,7 @@ class Engine:
             kv_tokens=sum(len(row.request.prompt_ids) + len(row.generated) for row in self.rows.values()),
             kv_tokens_total=self.max_rows * self.context_length,
             oom_splits={k: n - splits[k] for k, n in self.runner.oom_splits.items() if n > splits[k]},
+            prefix=prefix_step(counted, self.runner.prefix_counts()),
         )
 
     def prefill(self, requests: Sequence[GenerationRequest]) -> list[TokenEvent]:
@@ -231,13 +233,14 @@ class Engine:
             if len(self.rows) + sum(r.request.params.n - 1 for r in self.prefilling) + request.params.n > self.max_rows:
                 events.append(out_of_memory_event(request, None))
                 continue
-            self.runner.admit(request.request_id)
+            cached = self.runner.admit(request.request_id, request.prompt_ids)  # a prefix cache hit
             row = Row.start(request, self.tokenizer, self.device)
+            row.cached_tokens = cached
             if (k := request.params.prompt_logprobs) is not None:  # a scoring request: a second, plain forward
                 row.prompt_logprobs = prompt_logprobs(self.model, request.prompt_ids, k, self.device)
             self.rows[request.request_id] = row
             self.prefilling.append(row)
-            self.prefilled[request.request_id] = 0
+            self.prefilled[request.request_id] = cached
         return events
 
     def _plan_chunks(self) -> list[Chunk]:
@@ -323,7 +326,7 @@ class Engine:
                 self.runner.fork(parent.request_id, [child.request_id for child in children])
             for child in children:
                 forks.append(self.rows.setdefault(child.request_id, Row.start(child, self.tokenizer, self.device)))
-                forks[-1].prompt_logprobs = parent.prompt_logprobs
+                forks[-1].prompt_logprobs, forks[-1].cached_tokens = parent.prompt_logprobs, parent.cached_tokens
                 parents.append(position)
         return forks, parents
 

@@ -36,6 +36,7 @@ class TokenEvent:
     finish_reason: str | None = None  # "stop" | "length" | "error"
     finish_cause: str | None = None  # "eos" | "stop_string" | "grammar" | "max_tokens" | "context_limit" | "error"
     prompt_tokens: int = 0
+    cached_tokens: int = 0  # of the prompt tokens, those read from the prefix cache (not prefilled)
     completion_tokens: int = 0
     error: AiengError | None = None
     token_ids: tuple[int, ...] = ()  # all generated ids, on the finishing event only
@@ -45,6 +46,13 @@ class TokenEvent:
         None  # on a choice's first event, when asked: each prompt token's (sampling.prompt_logprobs)
     )
     choice_finish: str | None = None  # set on the event that ends choice ``index``: its finish reason
+
+
+def prefix_step(before: dict[str, int] | None, after: dict[str, int] | None) -> dict[str, int] | None:
+    """A step's share of the prefix cache's running totals (``Runner.prefix_counts``)."""
+    if before is None or after is None:
+        return None
+    return {**{k: after[k] - before[k] for k in ("hit", "miss", "evicted")}, "kept": after["kept"]}
 
 
 def error_event(request_id: str, error: AiengError, *, prompt_tokens: int = 0) -> TokenEvent:
@@ -93,3 +101,6 @@ class StepResult:
     kv_tokens: int = 0  # tokens those rows keep in the cache, of ``kv_rows_total`` x the context length
     kv_tokens_total: int = 0
     oom_splits: dict[str, int] = field(default_factory=dict)  # phase -> out-of-memory splits in this step
+    # The prefix cache in this step: prompt tokens ``hit`` and ``miss`` and tokens ``evicted`` by
+    # the step's admissions, and the tokens ``kept`` for reuse after it (None: no prefix cache).
+    prefix: dict[str, int] | None = None

@@ -47,6 +47,7 @@ class Row:
     last_token: int = -1
     matcher: object | None = None  # the grammar matcher when the request is constrained (constraints.py)
     prompt_logprobs: tuple | None = None  # the prompt's logprobs when asked, sent with the first event
+    cached_tokens: int = 0  # prompt tokens its KV row had from the prefix cache (usage's cached_tokens)
 
     @classmethod
     def start(cls, request: GenerationRequest, tokenizer, device: torch.device) -> Row:
@@ -125,6 +126,7 @@ class Row:
             finish_reason=finish,
             finish_cause=cause,
             prompt_tokens=len(self.request.prompt_ids),
+            cached_tokens=self.cached_tokens,
             completion_tokens=len(self.generated),
             token_ids=tuple(self.generated) if finish is not None else (),
             logprobs=logprobs,

@@ -119,7 +119,13 @@ class Runner(Protocol):
         over this is the ceiling of batch-1 decoding (``aieng bench memory``)."""
 
     # -- rows
-    def admit(self, request_id: str) -> None: ...
+    def admit(self, request_id: str, prompt_ids: Sequence[int]) -> int:
+        """Hold a row for a new request; returns how many of its first prompt tokens the row
+        already has in its cache (a prefix cache hit), which are not to be prefilled."""
+
+    def prefix_counts(self) -> dict[str, int] | None:
+        """Running totals of the prefix cache: prompt tokens ``hit`` and ``miss``, tokens
+        ``evicted``, and the tokens ``kept`` for reuse now; None where there is none."""
 
     def fork(self, parent: str, children: Sequence[str]) -> None:
         """Rows for ``children`` that continue ``parent``'s prefilled prompt (``n`` > 1)."""

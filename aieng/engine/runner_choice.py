@@ -45,6 +45,7 @@ def make_runner(model, *, config, context_length: int, pad_id: int, replacing=No
             compile_layers=config.compile,
             decode_attention=config.decode_attention,
             kv_cache_dtype=config.kv_cache_dtype,
+            prefix_cache=config.prefix_cache,
             graphs_from=donor,
             cache_from_replaced=kv_from_replaced,
         )

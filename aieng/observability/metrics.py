@@ -109,6 +109,22 @@ KV_FULL_STEPS = Counter(
     "aieng_kv_cache_full_steps_total",
     "Engine steps that ended with every KV cache row taken while requests waited for one.",
 )
+# The prefix cache (AIENG_PREFIX_CACHE): admitted prompt tokens found in it (hit) or prefilled
+# (miss), tokens dropped from free rows to make room (evicted), and what free rows keep now.
+# hit / (hit + miss) is the share of prompt work the cache saved.
+PREFIX_CACHE_TOKENS = Counter(
+    "aieng_prefix_cache_tokens_total",
+    "Prompt tokens of admitted requests, by whether the prefix cache had them (hit) or they were prefilled (miss).",
+    ["result"],
+)
+PREFIX_CACHE_EVICTED = Counter(
+    "aieng_prefix_cache_evicted_tokens_total", "Tokens the prefix cache dropped to give their KV row to a new request."
+)
+PREFIX_CACHE_KEPT = Gauge(
+    "aieng_prefix_cache_kept_tokens",
+    "Tokens the KV cache rows no request holds keep for reuse: the prefix cache's occupancy.",
+    multiprocess_mode="livesum",
+)
 REQUESTS_RUNNING = Gauge("aieng_requests_running", "Requests in the running batch.", multiprocess_mode="livesum")
 REQUESTS_WAITING = Gauge("aieng_requests_waiting", "Requests waiting to join the batch.", multiprocess_mode="livesum")
 TOKENS_PER_SECOND = Gauge(
@@ -304,6 +320,8 @@ def zero_series(version: str, error_codes) -> None:
         REQUEST_ERRORS.labels(code=code, version=version)
     for phase in ("prefill", "decode"):
         OOM.labels(phase=phase)
+    for result in ("hit", "miss"):
+        PREFIX_CACHE_TOKENS.labels(result=result)
     EOS_EARLY.labels(version=version)
     for phase in ABORT_PHASES:
         CLIENT_ABORTS.labels(phase=phase, version=version)

@@ -23,6 +23,17 @@ class StepObserver:
     def on_step(self, step, running: int, waiting: int, now: float) -> None:
         """``step`` (a ``StepResult``) ran; ``running`` and ``waiting`` are the counts after it."""
 
+    def _count_prefix(self, prefix: dict[str, int]) -> None:
+        m = self.metrics
+        for result in ("hit", "miss"):
+            if prefix[result]:
+                m.PREFIX_CACHE_TOKENS.labels(result=result).inc(prefix[result])
+        if prefix["evicted"]:
+            m.PREFIX_CACHE_EVICTED.inc(prefix["evicted"])
+        if prefix["kept"] != self._kept:  # a locked write to a shared file: only when it moved
+            m.PREFIX_CACHE_KEPT.set(prefix["kept"])
+            self._kept = prefix["kept"]
+
     def on_idle(self, waiting: int, now: float) -> None:
         """Nothing is running after this iteration."""
 
@@ -59,6 +70,7 @@ class MetricsObserver(StepObserver):
         self._tokens: collections.deque = collections.deque()  # (time, tokens decoded)
         self._tokens_in_window = 0
         self._kv: tuple | None = None  # the KV gauges' last values
+        self._kept: int | None = None  # the prefix cache gauge's last value
 
     def on_admit(self, queued, now: float) -> None:
         waited = max(0.0, now - queued.arrival)
@@ -84,6 +96,8 @@ class MetricsObserver(StepObserver):
                 m.KV_FULL_STEPS.inc()
         for phase, splits in step.oom_splits.items():
             m.OOM.labels(phase=phase).inc(splits)
+        if step.prefix is not None:
+            self._count_prefix(step.prefix)
         m.REQUESTS_RUNNING.set(running)
         m.REQUESTS_WAITING.set(waiting)
         wall = time.monotonic()

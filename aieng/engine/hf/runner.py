@@ -94,8 +94,11 @@ class HFRunner:
             "on: the whole forward, built at warm-up" if config.compile else "off (AIENG_COMPILE=0)",
         )
 
-    def admit(self, request_id: str) -> None:
-        pass
+    def admit(self, request_id: str, prompt_ids: Sequence[int]) -> int:
+        return 0  # no prefix cache: every prompt is prefilled whole
+
+    def prefix_counts(self) -> dict[str, int] | None:
+        return None
 
     def fork(self, parent: str, children: Sequence[str]) -> None:
         """``children`` take ``parent``'s prefilled row: the merge copies it once per child."""

@@ -50,6 +50,7 @@ class NativeRunner:
         compile_layers: bool,
         decode_attention: str = "auto",
         kv_cache_dtype: str = "model",
+        prefix_cache: bool = False,
         graphs_from: NativeRunner | None = None,
         cache_from_replaced: bool = False,
     ):
@@ -58,7 +59,8 @@ class NativeRunner:
         ``cache_from_replaced``: allocate no KV cache; a hot swap hands this runner part of
         ``graphs_from``'s, then all of it (``succession``). ``decode_attention``: ``auto`` decodes
         with aieng's CPU kernel when it builds here, ``sdpa`` with PyTorch's attention.
-        ``kv_cache_dtype``: ``model`` (the weights' dtype), ``bfloat16``, or ``auto`` (``kv_dtype``)."""
+        ``kv_cache_dtype``: ``model`` (the weights' dtype), ``bfloat16``, or ``auto`` (``kv_dtype``).
+        ``prefix_cache``: free slots keep what their rows held and new rows reuse it (``slots``)."""
         self.device = next(model.parameters()).device
         # The bf16 copy: for the plan's steps, or for build_graphs to time the one-row graph in
         # (it is dropped there if neither uses it).
@@ -93,12 +95,13 @@ class NativeRunner:
         # The rows it serves once warm (the graphs are built for them): a successor holds 0 until the swap.
         self.planned_rows = donor.slots if self.awaits_cache else 0
         if self.awaits_cache:  # 0 slots until succession.take_cache
-            self.cache = SlotKVCache.over(
-                shape, [t[:0] for t in donor.keys], [t[:0] for t in donor.values], capacity=context_length
-            )
+            empty = [t[:0] for t in donor.keys], [t[:0] for t in donor.values]
+            self.cache = SlotKVCache.over(shape, *empty, capacity=context_length, keep_prefixes=prefix_cache)
         else:
             rows = plan_slots(shape, budget_bytes=kv_cache_bytes, capacity=context_length, max_rows=max_rows)
-            self.cache = SlotKVCache(shape, slots=rows, capacity=context_length, device=self.device)
+            self.cache = SlotKVCache(
+                shape, slots=rows, capacity=context_length, device=self.device, keep_prefixes=prefix_cache
+            )
             mark_cache_dynamic(self.cache)
             self.planned_rows = rows
         log.info(
@@ -191,8 +194,11 @@ class NativeRunner:
         if self.compile_thread is not None:
             self.compile_thread.join(timeout)
 
-    def admit(self, request_id: str) -> None:
-        self.cache.acquire(request_id)
+    def admit(self, request_id: str, prompt_ids: Sequence[int]) -> int:
+        return self.cache.lengths[self.cache.acquire(request_id, list(prompt_ids))]
+
+    def prefix_counts(self) -> dict[str, int] | None:
+        return self.cache.prefix_counts()
 
     def fork(self, parent: str, children: Sequence[str]) -> None:
         """Rows for ``children`` holding copies of ``parent``'s cache (n > 1 shares the prefill)."""
@@ -306,11 +312,11 @@ class NativeRunner:
             plan, tokens, prefill.get("tokens"), prefill.get("rotary_pos"), bf16=bf16, compiled=graph is not None
         )
         # Only now, with the forward done, do the rows' lengths move: a failed call changes nothing.
-        for slot in range(first, first + b):
-            cache.lengths[slot] += 1
+        for slot, token in zip(range(first, first + b), decode_tokens):
+            cache.wrote(slot, [token])
         picks = list(range(b))
         for i, chunk in enumerate(chunks):
-            cache.lengths[cache.slot_of[chunk.request_id]] += len(chunk.token_ids)
+            cache.wrote(cache.slot_of[chunk.request_id], chunk.token_ids)
             if chunk.last:
                 picks.append(b + i * prefill["width"] + len(chunk.token_ids) - 1)
         head_start = time.perf_counter()

@@ -15,15 +15,56 @@ engine's row order, so the decode attention reads the views ``keys[:B, :, :L]``.
 prefilled sit in higher slots. A row that starts decoding is swapped into slot ``B``; a row that
 leaves is replaced by the last decoding row (``swap``: two rows' valid prefixes copied, not the
 batch). ``decoding`` lists the request ids in slot order; the engine reads its rows from it.
+
+Prefix caching (``keep_prefixes``): each slot records the token ids whose keys and values it
+holds (``tokens``). A row that leaves keeps its tokens in its (now free) slot, so the slots no row
+holds are the prefix cache, within the same budget: a new row takes the slot holding the longest
+prefix of its prompt, or copies that prefix from a row still running, and prefills only the rest.
+A slot needed for a new row with nothing to reuse is the least recently used free one; what it
+kept is evicted. Keys and values at a position depend only on the tokens up to it, so a reused
+prefix is the prefill it replaces. A leaving decoding row is then exchanged with the last one
+(two copies, not one), so what it kept survives the move.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import torch
 
 from aieng.errors import AiengError
+
+#: The shortest prefix worth copying from a running row (a free slot's own prefix is reused at any
+#: length: it costs nothing). Shorter matches are mostly a shared chat-template header.
+MIN_COPIED_PREFIX = 16
+
+
+@dataclass
+class PrefixCounts:
+    """Prompt tokens admitted from the cache (``hit``) and prefilled (``miss``), tokens dropped
+    from free slots to make room (``evicted``): running totals since the cache was built."""
+
+    hit: int = 0
+    miss: int = 0
+    evicted: int = 0
+
+
+def common_prefix(a: list[int], b: list[int], limit: int) -> int:
+    """The length of the longest common prefix of ``a`` and ``b``, at most ``limit``: a binary
+    search over slice comparisons, which run in C (a Python loop over a long prompt per slot
+    would cost more than the step)."""
+    lo, hi = 0, min(len(a), len(b), limit)
+    if hi <= 0 or a[0] != b[0]:
+        return 0
+    if a[:hi] == b[:hi]:
+        return hi
+    while lo < hi:  # a[:lo] == b[:lo] and a[:hi] != b[:hi]
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 @dataclass(frozen=True)
@@ -66,7 +107,9 @@ def plan_slots(shape: SlotShape, *, budget_bytes: int, capacity: int, max_rows: 
 
 
 class SlotKVCache:
-    def __init__(self, shape: SlotShape, *, slots: int, capacity: int, device: torch.device):
+    def __init__(
+        self, shape: SlotShape, *, slots: int, capacity: int, device: torch.device, keep_prefixes: bool = False
+    ):
         self.shape = shape
         self.slots = slots
         self.capacity = capacity  # tokens a row may hold (prompt + generated)
@@ -85,18 +128,36 @@ class SlotKVCache:
         self.owner: list[str | None] = [None] * slots  # request id per slot
         self.slot_of: dict[str, int] = {}
         self.decoding: list[str] = []  # ids of the decoding rows: slot i holds decoding[i]
+        self._start_prefixes(keep_prefixes)
+
+    def _start_prefixes(self, keep_prefixes: bool) -> None:
+        self.keep_prefixes = keep_prefixes
+        # The ids whose keys and values slot i holds at positions 0..: a row's so far (as long as
+        # ``lengths``), or what a free slot keeps for reuse (empty with ``keep_prefixes`` off).
+        self.tokens: list[list[int]] = [[] for _ in range(self.slots)]
+        self.used_at = [0] * self.slots  # when each slot last held a row (a step count): LRU order
+        self.clock = 0
+        self.counts = PrefixCounts()
 
     @classmethod
     def over(
-        cls, shape: SlotShape, keys: list[torch.Tensor], values: list[torch.Tensor], *, capacity: int
+        cls,
+        shape: SlotShape,
+        keys: list[torch.Tensor],
+        values: list[torch.Tensor],
+        *,
+        capacity: int,
+        keep_prefixes: bool = False,
     ) -> SlotKVCache:
         """A cache on memory that already exists (per-layer tensors, or views of another cache's),
-        every slot free: how a hot swap's new engine works in the serving engine's KV memory."""
+        every slot free and keeping nothing: how a hot swap's new engine works in the serving
+        engine's KV memory (and never reads the old version's keys and values as its own)."""
         cache = cls.__new__(cls)
         cache.shape, cache.capacity, cache.slots = shape, capacity, keys[0].shape[0]
         cache.keys, cache.values = list(keys), list(values)
         cache.lengths, cache.owner = [0] * cache.slots, [None] * cache.slots
         cache.slot_of, cache.decoding = {}, []
+        cache._start_prefixes(keep_prefixes)
         return cache
 
     @torch.inference_mode()
@@ -116,12 +177,15 @@ class SlotKVCache:
                 if n:  # gathered (a copy) first, so targets may overlap the sources
                     t[start : start + len(rows), :, :n] = t[:, :, :n].index_select(0, index)
         lengths = [self.lengths[self.slot_of[r]] for r in rows]
+        tokens = [self.tokens[self.slot_of[r]] for r in rows]
         below = [t[:start] for t in self.keys], [t[:start] for t in self.values]
         self.keys, self.values = [t[start:] for t in self.keys], [t[start:] for t in self.values]
         self.slots = keep
         self.lengths = lengths + [0] * (keep - len(rows))
         self.owner = rows + [None] * (keep - len(rows))
         self.slot_of = {r: i for i, r in enumerate(rows)}
+        self.tokens = tokens + [[] for _ in range(keep - len(rows))]  # what free slots kept is given away
+        self.used_at = [self.clock] * keep
         return below
 
     def grow(self, keys: list[torch.Tensor], values: list[torch.Tensor]) -> None:
@@ -132,6 +196,8 @@ class SlotKVCache:
         self.keys, self.values, self.slots = list(keys), list(values), keys[0].shape[0]
         self.lengths += [0] * added
         self.owner += [None] * added
+        self.tokens += [[] for _ in range(added)]  # the slots of the engine that finished keep nothing
+        self.used_at += [0] * added
 
     @property
     def nbytes(self) -> int:
@@ -141,23 +207,78 @@ class SlotKVCache:
     def free(self) -> int:
         return self.slots - len(self.slot_of)
 
-    def acquire(self, request_id: str) -> int:
-        """A free slot for a new row (in prefill), above the decoding rows."""
-        for slot in range(len(self.decoding), self.slots):
-            if self.owner[slot] is None:
-                self.owner[slot], self.slot_of[request_id], self.lengths[slot] = request_id, slot, 0
-                return slot
-        raise AiengError(f"all {self.slots} KV cache slots are in use", code="kv_cache_full")
+    def prefix_counts(self) -> dict[str, int] | None:
+        """``Runner.prefix_counts``: the running totals and the tokens kept now; None when off."""
+        if not self.keep_prefixes:
+            return None
+        return {**asdict(self.counts), "kept": self.kept_tokens}
+
+    @property
+    def kept_tokens(self) -> int:
+        """Tokens free slots keep for reuse: the prefix cache's occupancy."""
+        return sum(len(self.tokens[slot]) for slot in range(self.slots) if self.owner[slot] is None)
+
+    def acquire(self, request_id: str, prompt: list[int] = ()) -> int:
+        """A free slot for a new row (in prefill), above the decoding rows, holding the longest
+        prefix of ``prompt`` the cache has (never all of it: the last prompt token must run to give
+        the row's first logits). Returns the slot; its ``lengths`` entry is that prefix's length,
+        the prompt tokens not to prefill."""
+        free = [slot for slot in range(len(self.decoding), self.slots) if self.owner[slot] is None]
+        if not free:
+            raise AiengError(f"all {self.slots} KV cache slots are in use", code="kv_cache_full")
+        prompt = list(prompt)
+        cached, source = self._longest_prefix(prompt) if self.keep_prefixes else (0, None)
+        if source is not None and self.owner[source] is None:
+            target = source  # the free slot keeping it: taken as it is, no copy
+        elif not self.keep_prefixes:
+            target = free[0]  # the lowest: where start_decoding puts the row, so nothing moves
+        else:  # an empty slot, else the least recently used: what it keeps is evicted
+            target = min(free, key=lambda slot: (bool(self.tokens[slot]), self.used_at[slot]))
+            if source is None:  # nothing to copy: whatever the chosen slot itself holds
+                cached = common_prefix(self.tokens[target], prompt, len(prompt) - 1) if self.keep_prefixes else 0
+                source = target if cached else None
+        self.counts.evicted += len(self.tokens[target]) - (cached if source == target else 0)
+        if source is not None and source != target:
+            self._copy_prefix(source, target, cached)
+        self.tokens[target] = self.tokens[target][:cached] if source == target else list(prompt[:cached])
+        self.owner[target], self.slot_of[request_id], self.lengths[target] = request_id, target, cached
+        self.counts.hit += cached
+        self.counts.miss += len(prompt) - cached
+        return target
+
+    def _longest_prefix(self, prompt: list[int]) -> tuple[int, int | None]:
+        """(length, slot) of the longest prefix of ``prompt`` any slot holds: a free slot's at any
+        length, a running row's from ``MIN_COPIED_PREFIX`` (it is copied); a free slot wins ties."""
+        best, source = 0, None
+        for slot in range(self.slots):
+            n = common_prefix(self.tokens[slot], prompt, len(prompt) - 1)
+            running = self.owner[slot] is not None
+            if running and n < MIN_COPIED_PREFIX:
+                continue
+            if n > best or (n == best and n and not running and self.owner[source] is not None):
+                best, source = n, slot
+        return best, source
 
     @torch.inference_mode()
+    def _copy_prefix(self, source: int, target: int, n: int) -> None:
+        for t in self.keys + self.values:
+            t[target, :, :n] = t[source, :, :n]
+
+    def wrote(self, slot: int, token_ids: list[int]) -> None:
+        """A forward wrote the keys and values of ``token_ids`` at the slot's next positions."""
+        self.lengths[slot] += len(token_ids)
+        if self.keep_prefixes:
+            self.tokens[slot].extend(token_ids)
+
     def fork(self, parent: str, child: str) -> None:
         """A new row whose cache is a copy of ``parent``'s (its prompt): one copy of the valid
         prefix per layer, where a prefill would run the whole model over the prompt again."""
         source, n = self.slot_of[parent], self.lengths[self.slot_of[parent]]
-        target = self.acquire(child)
-        for t in self.keys + self.values:
-            t[target, :, :n] = t[source, :, :n]
+        target = self.acquire(child)  # no prompt: an empty slot, else the least recently used
+        if target != source:
+            self._copy_prefix(source, target, n)
         self.lengths[target] = n
+        self.tokens[target] = list(self.tokens[source])
 
     def start_decoding(self, request_id: str) -> None:
         """The row's prompt is in the cache: move it to slot B and count it among the decoding rows."""
@@ -170,7 +291,12 @@ class SlotKVCache:
         slot = self.slot_of.pop(request_id, None)
         if slot is None:
             return
-        self.owner[slot], self.lengths[slot] = None, 0  # freed first: the swap below copies one way
+        self.clock += 1
+        self.used_at[slot] = self.clock
+        # Freed first: the swap below copies one way, or both where the slot keeps its tokens.
+        self.owner[slot], self.lengths[slot] = None, 0
+        if not self.keep_prefixes:
+            self.tokens[slot] = []
         if request_id in self.decoding:
             last = len(self.decoding) - 1
             self.swap(slot, last)  # the last decoding row fills the hole
@@ -184,8 +310,8 @@ class SlotKVCache:
         to a free slot costs one copy, not two (at long context, a step's worth of memory traffic)."""
         if a == b:
             return
-        held = [slot for slot in (a, b) if self.owner[slot] is not None]
-        n = max(self.lengths[a], self.lengths[b])
+        held = [slot for slot in (a, b) if self.owner[slot] is not None or self.tokens[slot]]
+        n = max(self.lengths[a], self.lengths[b], len(self.tokens[a]), len(self.tokens[b]))
         if n and len(held) == 2:
             index = torch.tensor([b, a], device=self.keys[0].device)
             for tensors in (self.keys, self.values):
@@ -198,6 +324,8 @@ class SlotKVCache:
                 t[target, :, :n] = t[source, :, :n]
         self.lengths[a], self.lengths[b] = self.lengths[b], self.lengths[a]
         self.owner[a], self.owner[b] = self.owner[b], self.owner[a]
+        self.tokens[a], self.tokens[b] = self.tokens[b], self.tokens[a]
+        self.used_at[a], self.used_at[b] = self.used_at[b], self.used_at[a]
         for slot in (a, b):
             if self.owner[slot] is not None:
                 self.slot_of[self.owner[slot]] = slot

@@ -34,6 +34,7 @@ from aieng.server.http.schemas import (
     CompletionResponse,
     ModelCard,
     ModelList,
+    PromptTokensDetails,
     Usage,
 )
 from aieng.server.http.sse import stream_chunks
@@ -239,6 +240,7 @@ async def _respond(runtime, serving, submission, request: Request, body, *, chat
         prompt_tokens=final.prompt_tokens,
         completion_tokens=final.completion_tokens,
         total_tokens=final.prompt_tokens + final.completion_tokens,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=final.cached_tokens),
     )
     choices, verdict = reply_choices(submission, options)
     if seen is not None:

@@ -125,10 +125,15 @@ class ChatCompletionRequest(_Request):
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)  # needs logprobs: true
 
 
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = 0  # prompt tokens read from the prefix cache, not prefilled (AIENG_PREFIX_CACHE)
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails = PromptTokensDetails()
 
 
 class CompletionChoice(BaseModel):

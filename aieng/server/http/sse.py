@@ -168,6 +168,7 @@ async def stream_chunks(
             "prompt_tokens": last.prompt_tokens,
             "completion_tokens": last.completion_tokens,
             "total_tokens": last.prompt_tokens + last.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": last.cached_tokens},
         }
         yield sse({**base, "choices": [], "usage": usage})
     yield sse("[DONE]")

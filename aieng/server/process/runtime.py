@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from aieng.engine import Engine, EngineConfig
-from aieng.errors import NotReadyError
+from aieng.errors import ConfigError, NotReadyError
 from aieng.loading.device import wants_cuda
 from aieng.loading.loader import LoadConfig, LoadedModel, load_version
 from aieng.observability import metrics
@@ -63,8 +63,6 @@ class RuntimeConfig:
             ("AIENG_KV_CACHE_DTYPE", settings.kv_cache_dtype, ("auto", "model", "bfloat16")),
         ):
             if value not in allowed:
-                from aieng.errors import ConfigError
-
                 raise ConfigError(f"{name}={value!r}: use {', '.join(allowed[:-1])} or {allowed[-1]}")
         engine = EngineConfig(
             compile=settings.compile,
@@ -76,6 +74,7 @@ class RuntimeConfig:
             weight_formats=settings.weight_formats,
             decode_attention=settings.decode_attention,
             kv_cache_dtype=settings.kv_cache_dtype,
+            prefix_cache=settings.prefix_cache,
             compile_budget_s=settings.compile_budget_s,
             oom_degrade=settings.oom_degrade,
         )

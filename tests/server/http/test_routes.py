@@ -227,3 +227,38 @@ def test_metrics_report_the_model_load(client):
     text = client.get("/metrics").text
     assert "aieng_model_load_seconds_count" in text
     assert 'aieng_model_info{name="demo"' in text
+
+
+def test_a_repeated_prefix_is_read_from_the_prefix_cache_and_counted(client, render):
+    """Two chat requests with one long system message: the second's usage says how many prompt
+    tokens came from the cache, and /metrics counts them (as hit) and what free rows keep."""
+    from aieng.observability.scrape import parse
+
+    def prefix_counts():
+        samples = parse(client.get("/metrics").text).samples
+        return {
+            "hit": samples.get(("aieng_prefix_cache_tokens_total", (("result", "hit"),)), 0),
+            "miss": samples.get(("aieng_prefix_cache_tokens_total", (("result", "miss"),)), 0),
+            "kept": samples.get(("aieng_prefix_cache_kept_tokens", ()), 0),
+        }
+
+    system = "context: " + " ".join(["apple stone river moon sun"] * 10)
+    before = prefix_counts()
+    usages = []
+    for question in ("reverse: apple stone river", "sort: river apple stone"):
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": question}]
+        body = {"model": "demo", "messages": messages, "max_tokens": 4, "temperature": 0}
+        resp = client.post("/v1/chat/completions", json=body)
+        assert resp.status_code == 200, resp.text
+        usages.append(resp.json()["usage"])
+    first, second = usages
+    assert first["prompt_tokens_details"]["cached_tokens"] < 10  # at most a chat template's opening
+    cached = second["prompt_tokens_details"]["cached_tokens"]
+    assert 50 < cached < second["prompt_tokens"]
+    after = prefix_counts()
+    assert after["hit"] - before["hit"] >= cached
+    assert (
+        after["hit"] + after["miss"] - before["hit"] - before["miss"]
+        == first["prompt_tokens"] + second["prompt_tokens"]
+    )
+    assert after["kept"] > 0

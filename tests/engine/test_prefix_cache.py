@@ -1,0 +1,236 @@
+"""Prefix caching in the slot cache: free slots keep what their rows held, a new row takes the
+slot holding the longest prefix of its prompt (or copies it from a running row), the least
+recently used free slot is evicted, a leaving decoding row keeps its tokens through the move that
+keeps decoding rows packed, and a hot swap's successor never reuses the old version's slots."""
+
+import random
+
+import pytest
+import torch
+
+from aieng.engine.native.slots import MIN_COPIED_PREFIX, SlotKVCache, SlotShape, common_prefix
+
+SHAPE = SlotShape(layers=2, kv_heads=1, head_dim=2, dtype=torch.float32)
+
+
+def naive_common_prefix(a, b, limit):
+    n = 0
+    while n < min(len(a), len(b), limit) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def test_common_prefix_agrees_with_the_plain_loop():
+    rng = random.Random(0)
+    for _ in range(500):
+        shared = [rng.randrange(4) for _ in range(rng.randrange(0, 40))]
+        a = shared + [rng.randrange(4) for _ in range(rng.randrange(0, 10))]
+        b = shared + [rng.randrange(4) for _ in range(rng.randrange(0, 10))]
+        limit = rng.randrange(-1, 60)
+        assert common_prefix(a, b, limit) == naive_common_prefix(a, b, limit), (a, b, limit)
+
+
+def fill(cache: SlotKVCache, request_id: str, tokens: list[int], start: int = 0) -> int:
+    """Write keys and values that encode each token (key = token id, value = -id), as a forward would."""
+    slot = cache.slot_of[request_id]
+    for t, sign in ((cache.keys, 1), (cache.values, -1)):
+        for layer in t:
+            for j, token in enumerate(tokens):
+                layer[slot, 0, start + j] = sign * token
+    cache.wrote(slot, tokens)
+    return slot
+
+
+def holds(cache: SlotKVCache, slot: int, tokens: list[int]) -> bool:
+    want = torch.tensor(tokens, dtype=torch.float32)[:, None]
+    return all(
+        bool((layer[slot, 0, : len(tokens)] == sign * want).all())
+        for t, sign in ((cache.keys, 1), (cache.values, -1))
+        for layer in t
+    )
+
+
+def cache_with(slots=4, capacity=64, keep=True) -> SlotKVCache:
+    return SlotKVCache(SHAPE, slots=slots, capacity=capacity, device=torch.device("cpu"), keep_prefixes=keep)
+
+
+SYSTEM = list(range(100, 140))  # a 40-token shared system prompt
+
+
+@torch.inference_mode()
+def test_a_released_row_keeps_its_tokens_and_the_next_prompt_with_that_prefix_takes_them():
+    cache = cache_with()
+    slot = cache.acquire("a", SYSTEM + [1, 2])
+    assert cache.lengths[slot] == 0 and cache.counts.miss == 42
+    fill(cache, "a", SYSTEM + [1, 2])
+    cache.start_decoding("a")
+    fill(cache, "a", [7], start=42)  # one generated token decoded
+    cache.release("a")
+    assert cache.kept_tokens == 43 and cache.tokens[0] == SYSTEM + [1, 2, 7]
+
+    again = cache.acquire("b", SYSTEM + [3, 4, 5])
+    assert again == 0 and cache.lengths[0] == 40 and cache.tokens[0] == SYSTEM  # the rest is dropped
+    assert holds(cache, 0, SYSTEM)
+    assert (cache.counts.hit, cache.counts.miss, cache.counts.evicted) == (40, 42 + 3, 3)
+
+
+@torch.inference_mode()
+def test_the_last_prompt_token_is_always_prefilled_even_when_all_of_it_is_cached():
+    cache = cache_with()
+    cache.acquire("a", SYSTEM)
+    fill(cache, "a", SYSTEM)
+    cache.release("a")
+    slot = cache.acquire("b", SYSTEM)
+    assert cache.lengths[slot] == len(SYSTEM) - 1  # its logits need one forward
+
+
+@torch.inference_mode()
+def test_a_prefix_of_a_running_row_is_copied_when_long_enough():
+    cache = cache_with()
+    cache.acquire("a", SYSTEM + [1])
+    fill(cache, "a", SYSTEM + [1])
+    cache.start_decoding("a")
+    slot = cache.acquire("b", SYSTEM + [9, 9])
+    assert slot != cache.slot_of["a"] and cache.lengths[slot] == 40 and holds(cache, slot, SYSTEM)
+    short = list(range(MIN_COPIED_PREFIX - 1)) + [5]
+    cache.acquire("c", short[:-1] + [0])
+    fill(cache, "c", short[:-1] + [0])
+    assert cache.lengths[cache.acquire("d", short)] == 0  # a few shared tokens: not worth a copy
+
+
+@torch.inference_mode()
+def test_a_new_row_with_nothing_to_reuse_evicts_the_least_recently_used_free_slot():
+    cache = cache_with(slots=3)
+    prompts = {rid: [10 * k + j for j in range(20)] for k, rid in enumerate("abc", start=1)}
+    for rid in "abc":
+        cache.acquire(rid, prompts[rid])
+        fill(cache, rid, prompts[rid])
+    for rid in "bac":  # b leaves first: it is the oldest
+        cache.release(rid)
+    kept = {tuple(cache.tokens[s]): s for s in range(3)}
+    oldest = kept[tuple(prompts["b"])]
+    slot = cache.acquire("d", [999] * 5)
+    assert slot == oldest and cache.lengths[slot] == 0 and cache.counts.evicted == 20
+    assert cache.kept_tokens == 40  # a's and c's are still there
+    assert cache.lengths[cache.acquire("e", prompts["a"] + [1])] == 20
+
+
+@torch.inference_mode()
+def test_a_leaving_decoding_row_keeps_its_tokens_through_the_exchange_that_packs_the_rows():
+    cache = cache_with(slots=3)
+    for rid, base in (("a", 10), ("b", 40)):
+        tokens = list(range(base, base + 20))
+        cache.acquire(rid, tokens)
+        fill(cache, rid, tokens)
+        cache.start_decoding(rid)
+    cache.release("a")  # b moves down to slot 0; a's tokens move up to slot 1
+    assert cache.decoding == ["b"] and cache.slot_of == {"b": 0}
+    assert holds(cache, 0, list(range(40, 60))) and holds(cache, 1, list(range(10, 30)))
+    assert cache.tokens[1] == list(range(10, 30)) and cache.owner[1] is None
+    assert cache.lengths[cache.acquire("c", list(range(10, 25)) + [0])] == 15
+
+
+@torch.inference_mode()
+def test_off_nothing_is_kept_and_nothing_is_reused():
+    cache = cache_with(keep=False)
+    cache.acquire("a", SYSTEM)
+    fill(cache, "a", SYSTEM)
+    cache.release("a")
+    assert cache.kept_tokens == 0 and cache.lengths[cache.acquire("b", SYSTEM + [1])] == 0
+
+
+@torch.inference_mode()
+def test_a_hot_swap_successor_never_reads_the_old_versions_slots_as_its_prefix_cache():
+    cache = cache_with(slots=4)
+    cache.acquire("old", SYSTEM + [1])
+    fill(cache, "old", SYSTEM + [1])
+    cache.release("old")  # the old version keeps SYSTEM in a free slot
+    cache.acquire("running", [5] * 20)
+    fill(cache, "running", [5] * 20)
+    below, _ = cache.keep_only_rows(extra=0)
+    assert cache.kept_tokens == 0  # what free slots kept went with them
+    successor = SlotKVCache.over(
+        SHAPE, below, [t[: below[0].shape[0]] for t in cache.values], capacity=64, keep_prefixes=True
+    )
+    assert successor.kept_tokens == 0 and successor.lengths[successor.acquire("new", SYSTEM + [2])] == 0
+
+
+@pytest.mark.parametrize("keep", [True, False])
+@torch.inference_mode()
+def test_n_choices_fork_a_copy_of_their_prompts_row(keep):
+    cache = cache_with(keep=keep)
+    cache.acquire("p", SYSTEM)
+    fill(cache, "p", SYSTEM)
+    cache.fork("p", "p-1")
+    child = cache.slot_of["p-1"]
+    assert cache.lengths[child] == 40 and holds(cache, child, SYSTEM)
+    assert cache.tokens[child] == (SYSTEM if keep else [])
+
+
+# -- in the engine, on the demo model --------------------------------------------------------------
+
+CONTEXT = "context: " + " ".join(["apple stone river moon sun"] * 12) + "\n"
+QUESTIONS = ["reverse: apple stone river", "add: 27+58", "sort: river apple stone", "json: name=ana age=31"]
+
+
+def greedy_run(engine, prompts: list[list[int]], *, together: bool) -> tuple[dict, dict]:
+    """Tokens and cached prompt tokens per request: one after another (each finds the ones before
+    it in free slots), or the second half admitted while the first half decodes (copied from
+    running rows)."""
+    from aieng.engine import GenerationRequest, SamplingParams
+
+    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    requests = [GenerationRequest(f"r{i}", ids, params) for i, ids in enumerate(prompts)]
+    events = []
+    if together:
+        half = len(requests) // 2
+        events += engine.step(requests[:half]).events
+        while any(r.request_id in engine.prefilled for r in requests[:half]):
+            events += engine.step().events
+        events += engine.step(requests[half:]).events
+        while engine.num_running:
+            events += engine.step().events
+    else:
+        for request in requests:
+            events += engine.step([request]).events
+            while engine.num_running:
+                events += engine.step().events
+    finals = {e.request_id: e for e in events if e.finished}
+    return {k: e.token_ids for k, e in finals.items()}, {k: e.cached_tokens for k, e in finals.items()}
+
+
+@pytest.mark.parametrize("together", [False, True], ids=["one-after-another", "while-running"])
+def test_greedy_output_is_the_same_with_and_without_the_prefix_cache(demo, render, together):
+    from aieng.engine import Engine, EngineConfig
+
+    model, tokenizer = demo
+    prompts = [tokenizer(render(CONTEXT + q))["input_ids"] for q in QUESTIONS]
+    shared = common_prefix(prompts[0], prompts[1], 10**6)
+    assert shared > 60
+    off = Engine(model, tokenizer, config=EngineConfig(compile=False, prefix_cache=False))
+    on = Engine(model, tokenizer, config=EngineConfig(compile=False, prefix_cache=True))
+    tokens_off, cached_off = greedy_run(off, prompts, together=together)
+    tokens_on, cached_on = greedy_run(on, prompts, together=together)
+    assert tokens_on == tokens_off
+    assert set(cached_off.values()) == {0}
+    assert cached_on["r0"] == 0 and all(cached_on[f"r{i}"] >= shared for i in (2, 3))
+    counts = on.runner.prefix_counts()
+    assert counts["hit"] == sum(cached_on.values()) and counts["miss"] == sum(map(len, prompts)) - counts["hit"]
+
+
+def test_a_follow_up_turn_reuses_the_conversation_so_far(demo, render):
+    from aieng.engine import Engine, EngineConfig, GenerationRequest, SamplingParams
+
+    model, tokenizer = demo
+    engine = Engine(model, tokenizer, config=EngineConfig(compile=False))  # the served default: on
+    params = SamplingParams(max_tokens=8, temperature=0)
+    first = tokenizer(render(CONTEXT + QUESTIONS[0]))["input_ids"]
+    events = engine.step([GenerationRequest("turn-1", first, params)]).events
+    while engine.num_running:
+        events += engine.step().events
+    answer = next(e for e in events if e.finished).token_ids
+    follow_up = first + list(answer) + tokenizer(" and add: 2+2")["input_ids"]
+    events = engine.step([GenerationRequest("turn-2", follow_up, params)]).events
+    while engine.num_running:
+        events += engine.step().events
+    assert next(e for e in events if e.finished).cached_tokens >= len(first) + len(answer) - 1
