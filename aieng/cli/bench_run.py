@@ -197,13 +197,12 @@ def serve(args: argparse.Namespace) -> int:
     from datetime import datetime
 
     from tqdm import tqdm
-    from transformers import AutoTokenizer
 
     from aieng.bench.peers import parse_peers
     from aieng.bench.serve_bench import ServeBenchConfig, run_serve_bench
     from aieng.bench.serve_report import format_table
     from aieng.errors import ConfigError
-    from aieng.store import ModelRef, ModelStore, parse_ref
+    from aieng.store import ModelRef
 
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per request would bury the table
     logging.getLogger("gguf").setLevel(logging.WARNING)  # the GGUF writer's per-file INFO lines, likewise
@@ -211,13 +210,7 @@ def serve(args: argparse.Namespace) -> int:
         peers = parse_peers(args.peer, args.peer_format)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    settings = settings_from(args)
-    store = ModelStore(settings.store)
-    ref = parse_ref(args.model or settings.model)
-    version = store.resolve(ref)
-    folder = store.version_dir(ref.name, version)
-    store.verify_or_raise(ModelRef(ref.name, version))
-    tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    store, ref, version, folder, tokenizer = verified_version(args)
     levels = tuple(int(c) for c in args.concurrency.split(","))
     config = ServeBenchConfig(
         concurrencies=levels,
@@ -229,7 +222,7 @@ def serve(args: argparse.Namespace) -> int:
         metrics_overhead_rounds=args.metrics_overhead,
         peer_threads=args.peer_threads,
         gguf_cache=args.gguf_cache,
-        peer_slots=settings.max_batch_size,
+        peer_slots=settings_from(args).max_batch_size,
         include_aieng=not args.no_aieng,
         plain_forward=args.plain_forward,
     )
@@ -239,7 +232,7 @@ def serve(args: argparse.Namespace) -> int:
     )
     with tqdm(total=total, desc="bench serve", unit="req", disable=args.json, file=sys.stderr) as bar:
         bench = run_serve_bench(
-            settings.store,
+            store.root,
             f"{ref.name}@{version}",
             folder,
             tokenizer,
@@ -279,29 +272,37 @@ def serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def prefix(args: argparse.Namespace) -> int:
-    import logging
-    import sys
-
-    from tqdm import tqdm
+def verified_version(args: argparse.Namespace):
+    """The store, reference, version, folder and tokenizer of ``--model`` (or $AIENG_MODEL), its
+    files' hashes checked: what a benchmark that starts servers on it needs first."""
     from transformers import AutoTokenizer
 
-    from aieng.bench.prefix_bench import PrefixBenchConfig, check_fits, report, run_prefix_bench
-    from aieng.errors import ConfigError
     from aieng.store import ModelRef, ModelStore, parse_ref
-    from aieng.store.introspect import inspect_folder
 
-    logging.getLogger("httpx").setLevel(logging.WARNING)
-    config = PrefixBenchConfig(args.system_tokens, args.users, args.turns, args.max_tokens, args.repeats)
-    if min(config.system_tokens, config.users, config.turns, config.max_tokens, config.repeats) < 1:
-        raise ConfigError("--system-tokens, --users, --turns, --max-tokens and --repeats are >= 1")
     settings = settings_from(args)
     store = ModelStore(settings.store)
     ref = parse_ref(args.model or settings.model)
     version = store.resolve(ref)
     folder = store.version_dir(ref.name, version)
     store.verify_or_raise(ModelRef(ref.name, version))
-    tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    return store, ref, version, folder, AutoTokenizer.from_pretrained(folder, local_files_only=True)
+
+
+def prefix(args: argparse.Namespace) -> int:
+    import logging
+    import sys
+
+    from tqdm import tqdm
+
+    from aieng.bench.prefix_bench import PrefixBenchConfig, check_fits, report, run_prefix_bench
+    from aieng.errors import ConfigError
+    from aieng.store.introspect import inspect_folder
+
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    config = PrefixBenchConfig(args.system_tokens, args.users, args.turns, args.max_tokens, args.repeats)
+    if min(config.system_tokens, config.users, config.turns, config.max_tokens, config.repeats) < 1:
+        raise ConfigError("--system-tokens, --users, --turns, --max-tokens and --repeats are >= 1")
+    store, ref, version, folder, tokenizer = verified_version(args)
     check_fits(config, inspect_folder(folder).context_length)
     total = 2 * (2 * config.repeats + 1 + config.users * config.turns)
     with tqdm(total=total, desc="bench prefix", unit="req", disable=args.json) as bar:
