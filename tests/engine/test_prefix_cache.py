@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from aieng.engine.native.slots import MIN_COPIED_PREFIX, SlotKVCache, SlotShape, common_prefix
+from aieng.engine.native.slots import MIN_REUSED_PREFIX, SlotKVCache, SlotShape, common_prefix
 
 SHAPE = SlotShape(layers=2, kv_heads=1, head_dim=2, dtype=torch.float32)
 
@@ -68,10 +68,27 @@ def test_a_released_row_keeps_its_tokens_and_the_next_prompt_with_that_prefix_ta
     cache.release("a")
     assert cache.kept_tokens == 43 and cache.tokens[0] == SYSTEM + [1, 2, 7]
 
-    again = cache.acquire("b", SYSTEM + [3, 4, 5])
-    assert again == 0 and cache.lengths[0] == 40 and cache.tokens[0] == SYSTEM  # the rest is dropped
-    assert holds(cache, 0, SYSTEM)
-    assert (cache.counts.hit, cache.counts.miss, cache.counts.evicted) == (40, 42 + 3, 3)
+    again = cache.acquire("b", SYSTEM + [3, 4, 5])  # the same system prompt, another question
+    assert again != 0 and cache.lengths[again] == 40 and holds(cache, again, SYSTEM)  # copied...
+    assert cache.tokens[0] == SYSTEM + [1, 2, 7] and holds(cache, 0, SYSTEM + [1, 2])  # ...a's turn kept too
+    assert (cache.counts.hit, cache.counts.miss, cache.counts.evicted) == (40, 42 + 3, 0)
+    cache.release("b")
+    slot = cache.acquire("c", SYSTEM + [1, 2, 7, 8])  # a's next turn: a's slot, taken as it is
+    assert slot == 0 and cache.lengths[0] == 43
+
+
+@torch.inference_mode()
+def test_a_prompt_sharing_only_a_template_opening_does_not_take_a_slot_keeping_a_long_prompt():
+    cache = cache_with(slots=3)
+    opening = [1, 2, 3]  # e.g. "<|im_start|>system\n"
+    cache.acquire("a", opening + SYSTEM + [9])
+    fill(cache, "a", opening + SYSTEM + [9])
+    cache.release("a")
+    kept = cache.slot_of.get("a", 0)
+    other = cache.acquire("miss", opening + [500 + j for j in range(40)])
+    assert other != kept and cache.lengths[other] == 0 and cache.tokens[kept] == opening + SYSTEM + [9]
+    hit = cache.acquire("hit", opening + SYSTEM + [4])
+    assert cache.lengths[hit] == 43
 
 
 @torch.inference_mode()
@@ -92,7 +109,7 @@ def test_a_prefix_of_a_running_row_is_copied_when_long_enough():
     cache.start_decoding("a")
     slot = cache.acquire("b", SYSTEM + [9, 9])
     assert slot != cache.slot_of["a"] and cache.lengths[slot] == 40 and holds(cache, slot, SYSTEM)
-    short = list(range(MIN_COPIED_PREFIX - 1)) + [5]
+    short = list(range(MIN_REUSED_PREFIX - 1)) + [5]
     cache.acquire("c", short[:-1] + [0])
     fill(cache, "c", short[:-1] + [0])
     assert cache.lengths[cache.acquire("d", short)] == 0  # a few shared tokens: not worth a copy
@@ -127,7 +144,7 @@ def test_a_leaving_decoding_row_keeps_its_tokens_through_the_exchange_that_packs
     assert cache.decoding == ["b"] and cache.slot_of == {"b": 0}
     assert holds(cache, 0, list(range(40, 60))) and holds(cache, 1, list(range(10, 30)))
     assert cache.tokens[1] == list(range(10, 30)) and cache.owner[1] is None
-    assert cache.lengths[cache.acquire("c", list(range(10, 25)) + [0])] == 15
+    assert cache.lengths[cache.acquire("c", list(range(10, 28)) + [0])] == 18
 
 
 @torch.inference_mode()

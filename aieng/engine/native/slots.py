@@ -18,10 +18,11 @@ batch). ``decoding`` lists the request ids in slot order; the engine reads its r
 
 Prefix caching (``keep_prefixes``): each slot records the token ids whose keys and values it
 holds (``tokens``). A row that leaves keeps its tokens in its (now free) slot, so the slots no row
-holds are the prefix cache, within the same budget: a new row takes the slot holding the longest
-prefix of its prompt, or copies that prefix from a row still running, and prefills only the rest.
-A slot needed for a new row with nothing to reuse is the least recently used free one; what it
-kept is evicted. Keys and values at a position depend only on the tokens up to it, so a reused
+holds are the prefix cache, within the same budget: a new row finds the slot holding the longest
+prefix of its prompt and prefills only the rest. It takes that slot when the slot keeps little
+more than the prefix; else (a running row, or a free slot that also keeps another conversation's
+turns) the prefix is copied into an empty slot, or the least recently used free one, whose
+contents are evicted. Keys and values at a position depend only on the tokens up to it, so a reused
 prefix is the prefill it replaces. A leaving decoding row is then exchanged with the last one
 (two copies, not one), so what it kept survives the move.
 """
@@ -34,9 +35,10 @@ import torch
 
 from aieng.errors import AiengError
 
-#: The shortest prefix worth copying from a running row (a free slot's own prefix is reused at any
-#: length: it costs nothing). Shorter matches are mostly a shared chat-template header.
-MIN_COPIED_PREFIX = 16
+#: The shortest prefix looked for in other slots: shorter matches are mostly a chat template's
+#: opening, not worth a copy, and must not decide which slot a new row takes (a slot keeping a long
+#: system prompt would be given to the first prompt sharing its first three tokens).
+MIN_REUSED_PREFIX = 16
 
 
 @dataclass
@@ -228,15 +230,19 @@ class SlotKVCache:
             raise AiengError(f"all {self.slots} KV cache slots are in use", code="kv_cache_full")
         prompt = list(prompt)
         cached, source = self._longest_prefix(prompt) if self.keep_prefixes else (0, None)
-        if source is not None and self.owner[source] is None:
-            target = source  # the free slot keeping it: taken as it is, no copy
+        others = [slot for slot in free if slot != source]
+        if source is not None and self.owner[source] is None and (cached >= len(self.tokens[source]) - 1 or not others):
+            target = source  # a free slot keeping little more than that prefix: taken as it is, no copy
         elif not self.keep_prefixes:
             target = free[0]  # the lowest: where start_decoding puts the row, so nothing moves
         else:  # an empty slot, else the least recently used: what it keeps is evicted
-            target = min(free, key=lambda slot: (bool(self.tokens[slot]), self.used_at[slot]))
-            if source is None:  # nothing to copy: whatever the chosen slot itself holds
-                cached = common_prefix(self.tokens[target], prompt, len(prompt) - 1) if self.keep_prefixes else 0
+            target = min(others, key=lambda slot: (bool(self.tokens[slot]), self.used_at[slot]))
+            if source is None:  # nothing worth a copy: whatever the chosen slot itself holds
+                cached = common_prefix(self.tokens[target], prompt, len(prompt) - 1)
                 source = target if cached else None
+            else:  # the source keeps the rest of what it holds (another conversation's turns), and is fresh again
+                self.clock += 1
+                self.used_at[source] = self.clock
         self.counts.evicted += len(self.tokens[target]) - (cached if source == target else 0)
         if source is not None and source != target:
             self._copy_prefix(source, target, cached)
@@ -247,17 +253,14 @@ class SlotKVCache:
         return target
 
     def _longest_prefix(self, prompt: list[int]) -> tuple[int, int | None]:
-        """(length, slot) of the longest prefix of ``prompt`` any slot holds: a free slot's at any
-        length, a running row's from ``MIN_COPIED_PREFIX`` (it is copied); a free slot wins ties."""
-        best, source = 0, None
+        """(length, slot) of the longest prefix of ``prompt`` any slot holds, from
+        ``MIN_REUSED_PREFIX`` tokens; a free slot wins ties (it may need no copy)."""
+        best, source = MIN_REUSED_PREFIX - 1, None
         for slot in range(self.slots):
             n = common_prefix(self.tokens[slot], prompt, len(prompt) - 1)
-            running = self.owner[slot] is not None
-            if running and n < MIN_COPIED_PREFIX:
-                continue
-            if n > best or (n == best and n and not running and self.owner[source] is not None):
+            if n > best or (n == best and source is not None and self.owner[slot] is None):
                 best, source = n, slot
-        return best, source
+        return (best, source) if source is not None else (0, None)
 
     @torch.inference_mode()
     def _copy_prefix(self, source: int, target: int, n: int) -> None:
