@@ -218,7 +218,8 @@ def add_prefix_parser(kinds) -> None:
         "Then --users conversations at once, --turns turns each (the system prompt, the conversation "
         "so far, a new question), greedy, --max-tokens per answer with EOS ignored: requests/s on vs "
         "off (target >= 2x), the share of prompt tokens read from the cache, and every answer "
-        "compared (greedy output must not change). The conversations must fit the model's context.",
+        "compared: the cache may change no more greedy answers than running the workload again on "
+        "the same server does (it runs twice there). The conversations must fit the model's context.",
     )
     p.add_argument("--model", default=None, metavar="N[@V]", help="store reference (default: $AIENG_MODEL)")
     p.add_argument("--system-tokens", type=int, default=1000, help="the shared system prompt's length (default 1000)")

@@ -304,7 +304,7 @@ def prefix(args: argparse.Namespace) -> int:
         raise ConfigError("--system-tokens, --users, --turns, --max-tokens and --repeats are >= 1")
     store, ref, version, folder, tokenizer = verified_version(args)
     check_fits(config, inspect_folder(folder).context_length)
-    total = 2 * (2 * config.repeats + 1 + config.users * config.turns)
+    total = 2 * (2 * config.repeats + 1) + 3 * config.users * config.turns
     with tqdm(total=total, desc="bench prefix", unit="req", disable=args.json) as bar:
         result = run_prefix_bench(
             store.root,
