@@ -217,7 +217,7 @@ def add_prefix_parser(kinds) -> None:
         "of the same length never sent before), --repeats each (target: hit p50 <= 0.2 x miss p50). "
         "Then --users conversations at once, --turns turns each (the system prompt, the conversation "
         "so far, a new question), greedy, --max-tokens per answer with EOS ignored: requests/s on vs "
-        "off (target >= 2x), the share of prompt tokens read from the cache, and every answer "
+        "off (target: at least twice), the share of prompt tokens read from the cache, and every answer "
         "compared: the cache may change no more greedy answers than running the workload again on "
         "the same server does (it runs twice there). The conversations must fit the model's context.",
     )

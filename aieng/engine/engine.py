@@ -106,6 +106,11 @@ class Engine:
     def max_rows(self) -> int:
         return self.runner.max_rows
 
+    def prefix_counts(self) -> dict[str, int] | None:
+        """The prefix cache's running totals (prompt tokens ``hit``, ``miss``, ``evicted``) and the
+        tokens it keeps now (``kept``); None without one (``Runner.prefix_counts``)."""
+        return self.runner.prefix_counts()
+
     def one_row_step_bytes(self) -> int:
         """Bytes of weights one batch-1 decode step reads (its ceiling: ``aieng bench memory``)."""
         return self.runner.one_row_step_bytes()

@@ -231,7 +231,7 @@ def test_greedy_output_is_the_same_with_and_without_the_prefix_cache(demo, rende
     assert tokens_on == tokens_off
     assert set(cached_off.values()) == {0}
     assert cached_on["r0"] == 0 and all(cached_on[f"r{i}"] >= shared for i in (2, 3))
-    counts = on.runner.prefix_counts()
+    counts = on.prefix_counts()
     assert counts["hit"] == sum(cached_on.values()) and counts["miss"] == sum(map(len, prompts)) - counts["hit"]
 
 
