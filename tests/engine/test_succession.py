@@ -78,6 +78,7 @@ def test_a_successor_works_in_its_predecessors_kv_memory_then_takes_all_of_it(de
     take_cache(new, handover)
     assert old.max_rows == 3 and new.max_rows == 3 and handover.given == 3
     assert new.runner.cache.keys[0].data_ptr() == allocation[0]  # the bottom of the old engine's memory
+    assert new.prefix_counts() == {"hit": 0, "miss": 0, "evicted": 0, "kept": 0}  # on, and keeping nothing old
     pending["new"] = requests[3:]
     while old.rows or pending["old"]:  # both engines step, side by side, until the old one has finished
         _drive({"old": old, "new": new}, pending, done)
@@ -86,6 +87,7 @@ def test_a_successor_works_in_its_predecessors_kv_memory_then_takes_all_of_it(de
     reclaim_cache(new, handover)
     assert new.max_rows == 6 and [t.data_ptr() for t in new.runner.cache.keys] == allocation
     assert new.runner.cache.slot_of == slots  # rows in flight keep their slots: nothing moved
+    assert new.prefix_counts() is not None  # still on over the whole allocation
     while len(done) < len(requests):
         _drive({"new": new}, pending, done)
     assert [done[f"p{i}"] for i in range(len(requests))] == want

@@ -81,8 +81,13 @@ def hand_over_cache(old_engine, *, queued: int) -> CacheHandover:
 def take_cache(engine, handover: CacheHandover) -> None:
     """Before the successor's thread starts: its cache is the slots the old engine gave up."""
     runner = engine.runner
+    waiting = runner.cache  # 0 slots, built with the engine's prefix-cache setting; nothing kept
     runner.cache = SlotKVCache.over(
-        runner.cache.shape, handover.free_keys, handover.free_values, capacity=runner.cache.capacity
+        waiting.shape,
+        handover.free_keys,
+        handover.free_values,
+        capacity=waiting.capacity,
+        keep_prefixes=waiting.keep_prefixes,
     )
     mark_cache_dynamic(runner.cache)
     runner.awaits_cache = False
@@ -96,7 +101,8 @@ def own_cache(engine, slots: int) -> None:
 
 
 def _fresh_cache(runner, slots: int, capacity: int) -> SlotKVCache:
-    cache = SlotKVCache(runner.cache.shape, slots=slots, capacity=capacity, device=runner.device)
+    shape, keep = runner.cache.shape, runner.cache.keep_prefixes
+    cache = SlotKVCache(shape, slots=slots, capacity=capacity, device=runner.device, keep_prefixes=keep)
     mark_cache_dynamic(cache)  # like the serving cache: the graphs run on it as they are
     return cache
 

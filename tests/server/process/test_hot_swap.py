@@ -378,3 +378,25 @@ def test_admin_routes_are_absent_without_a_token(inprocess_demo):
     assert not inprocess_demo.runtime.settings.admin_token
     assert inprocess_demo.post("/admin/reload", headers=AUTH).status_code == 404
     assert inprocess_demo.get("/admin/status", headers=AUTH).status_code == 404
+
+
+def test_a_swapped_in_version_never_reads_the_old_versions_prefix_cache(server, store):
+    """The old version's workers keep a prompt's keys and values; after the swap the same prompt
+    finds nothing (a new version's keys and values differ, and its engine starts with nothing kept)."""
+    body = {"model": "demo", "prompt": "context: " + "apple stone river moon sun " * 20, "max_tokens": 2}
+
+    def cached() -> tuple[str, int]:
+        answer = httpx.post(f"{server.base_url}/v1/completions", json=body, timeout=60)
+        assert answer.status_code == 200, answer.text
+        return answer.headers["x-model-version"], answer.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+    before = [cached() for _ in range(4)]
+    assert {v for v, _ in before} == {"1"} and max(c for _, c in before) > 50, before
+    store.promote("demo", "2", reason="test: prefix cache across a swap")
+    assert httpx.post(f"{server.base_url}/admin/reload", headers=AUTH, timeout=300).status_code == 200
+    wait_for_version(server.base_url, "2")
+    version, after = cached()
+    assert version == "2" and after < 16
+    store.rollback("demo", "1", reason="test: back to 1")
+    assert httpx.post(f"{server.base_url}/admin/reload", headers=AUTH, timeout=300).status_code == 200
+    wait_for_version(server.base_url, "1")
