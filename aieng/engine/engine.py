@@ -40,6 +40,7 @@ from aieng.engine.row import Row, sample_rows
 from aieng.engine.runner import Chunk
 from aieng.engine.runner_choice import make_runner
 from aieng.engine.sampling import prompt_logprobs
+from aieng.engine.shared_prefill import find_leader, follow_leaders
 from aieng.model_facts import eos_token_ids, model_context_length
 
 log = logging.getLogger("aieng.engine")
@@ -83,6 +84,7 @@ class Engine:
         self.rows: dict[str, Row] = {}  # every admitted row: prefilling or decoding
         self.prefilling: list[Row] = []  # admitted, prompt not all in the cache yet (FIFO)
         self.prefilled: dict[str, int] = {}  # prompt tokens already in the cache, per prefilling row
+        self.leaders: dict[str, tuple[str, int]] = {}  # follower -> (leader, shared tokens): shared_prefill.py
         self.choices = ChoiceGroups()  # requests with n > 1: their rows (choices.py)
         self.last_split: StepSplit | None = None  # where the last forward-and-sample went (bench engine)
         self.counts = {"prefill_calls": 0, "decode_steps": 0}
@@ -241,6 +243,8 @@ class Engine:
             cached = self.runner.admit(request.request_id, request.prompt_ids)  # a prefix cache hit
             row = Row.start(request, self.tokenizer, self.device)
             row.cached_tokens = cached
+            if lead := find_leader(self, request.prompt_ids, cached):
+                self.leaders[request.request_id] = lead
             if (k := request.params.prompt_logprobs) is not None:  # a scoring request: a second, plain forward
                 row.prompt_logprobs = prompt_logprobs(self.model, request.prompt_ids, k, self.device)
             self.rows[request.request_id] = row
@@ -255,7 +259,8 @@ class Engine:
         budget = self.prefill_budget.tokens(bool(self.runner.decoding_ids())) if self.runner.chunked else None
         chunks: list[Chunk] = []
         width = 0
-        for row in self.prefilling:
+        waiting = follow_leaders(self) if self.leaders else ()
+        for row in (r for r in self.prefilling if r.request_id not in waiting):
             prompt, done = row.request.prompt_ids, self.prefilled[row.request_id]
             take = len(prompt) - done if budget is None else min(len(prompt) - done, budget)
             if budget is not None and chunks and (len(chunks) + 1) * max(width, take) > budget:

@@ -123,6 +123,10 @@ class Runner(Protocol):
         """Hold a row for a new request; returns how many of its first prompt tokens the row
         already has in its cache (a prefix cache hit), which are not to be prefilled."""
 
+    def extend_prefix(self, request_id: str, source_id: str, n: int) -> None:
+        """Copy positions from the row's length up to ``n`` out of ``source_id``'s row, whose
+        prompt shares them (``shared_prefill``); only where ``prefix_counts`` is not None."""
+
     def prefix_counts(self) -> dict[str, int] | None:
         """Running totals of the prefix cache: prompt tokens ``hit`` and ``miss``, tokens
         ``evicted``, and the tokens ``kept`` for reuse now; None where there is none."""

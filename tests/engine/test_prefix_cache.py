@@ -251,3 +251,34 @@ def test_a_follow_up_turn_reuses_the_conversation_so_far(demo, render):
     while engine.num_running:
         events += engine.step().events
     assert next(e for e in events if e.finished).cached_tokens >= len(first) + len(answer) - 1
+
+
+def test_a_burst_sharing_a_system_prompt_prefills_it_once(demo, render):
+    """Four requests join in one step, none of them written yet: the first leads, the others wait
+    for it to write the shared opening, copy it, and prefill only their questions."""
+    from aieng.engine import Engine, EngineConfig, GenerationRequest, SamplingParams
+
+    model, tokenizer = demo
+    prompts = [tokenizer(render(CONTEXT + q))["input_ids"] for q in QUESTIONS]
+    shared = common_prefix(prompts[0], prompts[1], 10**6)
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+    results = {}
+    for on in (True, False):
+        engine = Engine(model, tokenizer, config=EngineConfig(compile=False, prefix_cache=on, prefill_chunk_tokens=256))
+        requests = [GenerationRequest(f"r{i}", ids, params) for i, ids in enumerate(prompts)]
+        first = engine.step(requests)
+        assert set(engine.leaders) == ({"r1", "r2", "r3"} if on else set())
+        if on:  # the leader's prompt alone: the followers wait for it
+            assert first.prefill_tokens == len(prompts[0])
+        else:  # as many prompts as the budget holds, the shared opening computed in each
+            assert first.prefill_tokens > len(prompts[0])
+        events = first.events
+        while engine.num_running:
+            events += engine.step().events
+        results[on] = {e.request_id: e for e in events if e.finished}
+        if on:
+            counts = engine.prefix_counts()
+    assert {k: e.token_ids for k, e in results[True].items()} == {k: e.token_ids for k, e in results[False].items()}
+    assert results[True]["r0"].cached_tokens == 0
+    assert all(results[True][f"r{i}"].cached_tokens >= shared - MIN_REUSED_PREFIX for i in (1, 2, 3))
+    assert counts["miss"] < len(prompts[0]) + 3 * (len(prompts[1]) - shared + MIN_REUSED_PREFIX)

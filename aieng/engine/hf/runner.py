@@ -100,6 +100,9 @@ class HFRunner:
     def prefix_counts(self) -> dict[str, int] | None:
         return None
 
+    def extend_prefix(self, request_id: str, source_id: str, n: int) -> None:
+        raise NotImplementedError("the transformers forward prefills whole prompts: nothing to share")
+
     def fork(self, parent: str, children: Sequence[str]) -> None:
         """``children`` take ``parent``'s prefilled row: the merge copies it once per child."""
         _, batch, row = next(j for j in self._joined if j[0] == parent)

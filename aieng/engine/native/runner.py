@@ -200,6 +200,9 @@ class NativeRunner:
     def prefix_counts(self) -> dict[str, int] | None:
         return self.cache.prefix_counts()
 
+    def extend_prefix(self, request_id: str, source_id: str, n: int) -> None:
+        self.cache.extend_from(request_id, source_id, n)
+
     def fork(self, parent: str, children: Sequence[str]) -> None:
         """Rows for ``children`` holding copies of ``parent``'s cache (n > 1 shares the prefill)."""
         for child in children:

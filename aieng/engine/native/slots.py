@@ -267,6 +267,20 @@ class SlotKVCache:
         for t in self.keys + self.values:
             t[target, :, :n] = t[source, :, :n]
 
+    def extend_from(self, request_id: str, source_id: str, n: int) -> None:
+        """A prefilling row takes positions up to ``n`` from another row that has written them
+        (the same prompt opening, ``shared_prefill``): counted as hits, not misses."""
+        slot, source = self.slot_of[request_id], self.slot_of[source_id]
+        done = self.lengths[slot]
+        assert done <= n <= self.lengths[source], (done, n, self.lengths[source])
+        with torch.inference_mode():
+            for t in self.keys + self.values:
+                t[slot, :, done:n] = t[source, :, done:n]
+        self.tokens[slot] = self.tokens[source][:n]
+        self.lengths[slot] = n
+        self.counts.hit += n - done
+        self.counts.miss -= n - done
+
     def wrote(self, slot: int, token_ids: list[int]) -> None:
         """A forward wrote the keys and values of ``token_ids`` at the slot's next positions."""
         self.lengths[slot] += len(token_ids)
