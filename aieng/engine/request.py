@@ -101,6 +101,6 @@ class StepResult:
     kv_tokens: int = 0  # tokens those rows keep in the cache, of ``kv_rows_total`` x the context length
     kv_tokens_total: int = 0
     oom_splits: dict[str, int] = field(default_factory=dict)  # phase -> out-of-memory splits in this step
-    # The prefix cache in this step: prompt tokens ``hit`` and ``miss`` and tokens ``evicted`` by
-    # the step's admissions, and the tokens ``kept`` for reuse after it (None: no prefix cache).
+    # The prefix cache in this step: prompt tokens read from it (``hit``) and prefilled (``miss``),
+    # tokens ``evicted``, and the tokens ``kept`` for reuse after it (None: no prefix cache).
     prefix: dict[str, int] | None = None

@@ -113,9 +113,7 @@ KV_FULL_STEPS = Counter(
 # (miss), tokens dropped from free rows to make room (evicted), and what free rows keep now.
 # hit / (hit + miss) is the share of prompt work the cache saved.
 PREFIX_CACHE_TOKENS = Counter(
-    "aieng_prefix_cache_tokens_total",
-    "Prompt tokens of admitted requests, by whether the prefix cache had them (hit) or they were prefilled (miss).",
-    ["result"],
+    "aieng_prefix_cache_tokens_total", "Prompt tokens read from the prefix cache (hit) or prefilled (miss).", ["result"]
 )
 PREFIX_CACHE_EVICTED = Counter(
     "aieng_prefix_cache_evicted_tokens_total", "Tokens the prefix cache dropped to give their KV row to a new request."

@@ -30,14 +30,14 @@ def test_common_prefix_agrees_with_the_plain_loop():
         assert common_prefix(a, b, limit) == naive_common_prefix(a, b, limit), (a, b, limit)
 
 
-def fill(cache: SlotKVCache, request_id: str, tokens: list[int], start: int = 0) -> int:
+def fill(cache: SlotKVCache, request_id: str, tokens: list[int], start: int = 0, *, prompt: bool = True) -> int:
     """Write keys and values that encode each token (key = token id, value = -id), as a forward would."""
     slot = cache.slot_of[request_id]
     for t, sign in ((cache.keys, 1), (cache.values, -1)):
         for layer in t:
             for j, token in enumerate(tokens):
                 layer[slot, 0, start + j] = sign * token
-    cache.wrote(slot, tokens)
+    cache.wrote(slot, tokens, prompt=prompt)
     return slot
 
 
@@ -61,17 +61,18 @@ SYSTEM = list(range(100, 140))  # a 40-token shared system prompt
 def test_a_released_row_keeps_its_tokens_and_the_next_prompt_with_that_prefix_takes_them():
     cache = cache_with()
     slot = cache.acquire("a", SYSTEM + [1, 2])
-    assert cache.lengths[slot] == 0 and cache.counts.miss == 42
+    assert cache.lengths[slot] == 0 and cache.counts.miss == 0  # a miss is a prefilled token
     fill(cache, "a", SYSTEM + [1, 2])
+    assert cache.counts.miss == 42
     cache.start_decoding("a")
-    fill(cache, "a", [7], start=42)  # one generated token decoded
+    fill(cache, "a", [7], start=42, prompt=False)  # one generated token decoded
     cache.release("a")
     assert cache.kept_tokens == 43 and cache.tokens[0] == SYSTEM + [1, 2, 7]
 
     again = cache.acquire("b", SYSTEM + [3, 4, 5])  # the same system prompt, another question
     assert again != 0 and cache.lengths[again] == 40 and holds(cache, again, SYSTEM)  # copied...
     assert cache.tokens[0] == SYSTEM + [1, 2, 7] and holds(cache, 0, SYSTEM + [1, 2])  # ...a's turn kept too
-    assert (cache.counts.hit, cache.counts.miss, cache.counts.evicted) == (40, 42 + 3, 0)
+    assert (cache.counts.hit, cache.counts.miss, cache.counts.evicted) == (40, 42, 0)
     cache.release("b")
     slot = cache.acquire("c", SYSTEM + [1, 2, 7, 8])  # a's next turn: a's slot, taken as it is
     assert slot == 0 and cache.lengths[0] == 43
@@ -272,10 +273,13 @@ def test_a_burst_sharing_a_system_prompt_prefills_it_once(demo, render):
             assert first.prefill_tokens == len(prompts[0])
         else:  # as many prompts as the budget holds, the shared opening computed in each
             assert first.prefill_tokens > len(prompts[0])
-        events = first.events
+        events, steps = first.events, [first]
         while engine.num_running:
-            events += engine.step().events
+            steps.append(engine.step())
+            events += steps[-1].events
         results[on] = {e.request_id: e for e in events if e.finished}
+        # each step's share of the totals only ever adds (Prometheus counters cannot go down)
+        assert all(v >= 0 for step in steps if step.prefix for v in step.prefix.values())
         if on:
             counts = engine.prefix_counts()
     assert {k: e.token_ids for k, e in results[True].items()} == {k: e.token_ids for k, e in results[False].items()}

@@ -319,7 +319,7 @@ class NativeRunner:
             cache.wrote(slot, [token])
         picks = list(range(b))
         for i, chunk in enumerate(chunks):
-            cache.wrote(cache.slot_of[chunk.request_id], chunk.token_ids)
+            cache.wrote(cache.slot_of[chunk.request_id], chunk.token_ids, prompt=True)
             if chunk.last:
                 picks.append(b + i * prefill["width"] + len(chunk.token_ids) - 1)
         head_start = time.perf_counter()

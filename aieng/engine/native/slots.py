@@ -43,8 +43,9 @@ MIN_REUSED_PREFIX = 16
 
 @dataclass
 class PrefixCounts:
-    """Prompt tokens admitted from the cache (``hit``) and prefilled (``miss``), tokens dropped
-    from free slots to make room (``evicted``): running totals since the cache was built."""
+    """Prompt tokens read from the cache (``hit``) and prefilled (``miss``), tokens dropped from
+    free slots to make room (``evicted``): running totals since the cache was built, each only
+    ever growing (a follower's tokens become hits when it copies them, never misses first)."""
 
     hit: int = 0
     miss: int = 0
@@ -249,7 +250,6 @@ class SlotKVCache:
         self.tokens[target] = self.tokens[target][:cached] if source == target else list(prompt[:cached])
         self.owner[target], self.slot_of[request_id], self.lengths[target] = request_id, target, cached
         self.counts.hit += cached
-        self.counts.miss += len(prompt) - cached
         return target
 
     def _longest_prefix(self, prompt: list[int]) -> tuple[int, int | None]:
@@ -279,11 +279,12 @@ class SlotKVCache:
         self.tokens[slot] = self.tokens[source][:n]
         self.lengths[slot] = n
         self.counts.hit += n - done
-        self.counts.miss -= n - done
 
-    def wrote(self, slot: int, token_ids: list[int]) -> None:
-        """A forward wrote the keys and values of ``token_ids`` at the slot's next positions."""
+    def wrote(self, slot: int, token_ids: list[int], *, prompt: bool = False) -> None:
+        """A forward wrote the keys and values of ``token_ids`` at the slot's next positions
+        (``prompt``: a prefilled chunk, counted as prefix cache misses)."""
         self.lengths[slot] += len(token_ids)
+        self.counts.miss += len(token_ids) if prompt else 0
         if self.keep_prefixes:
             self.tokens[slot].extend(token_ids)
 
