@@ -263,9 +263,10 @@ class SlotKVCache:
         return (best, source) if source is not None else (0, None)
 
     @torch.inference_mode()
-    def _copy_prefix(self, source: int, target: int, n: int) -> None:
+    def _copy_prefix(self, source: int, target: int, n: int, start: int = 0) -> None:
+        """Positions ``start``..``n`` of every layer's keys and values, from one slot to another."""
         for t in self.keys + self.values:
-            t[target, :, :n] = t[source, :, :n]
+            t[target, :, start:n] = t[source, :, start:n]
 
     def extend_from(self, request_id: str, source_id: str, n: int) -> None:
         """A prefilling row takes positions up to ``n`` from another row that has written them
@@ -273,9 +274,7 @@ class SlotKVCache:
         slot, source = self.slot_of[request_id], self.slot_of[source_id]
         done = self.lengths[slot]
         assert done <= n <= self.lengths[source], (done, n, self.lengths[source])
-        with torch.inference_mode():
-            for t in self.keys + self.values:
-                t[slot, :, done:n] = t[source, :, done:n]
+        self._copy_prefix(source, slot, n, start=done)
         self.tokens[slot] = self.tokens[source][:n]
         self.lengths[slot] = n
         self.counts.hit += n - done
