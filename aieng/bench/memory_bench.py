@@ -11,6 +11,9 @@ Two readings, with the threads the engine uses, over buffers far larger than the
   gives torch's threads (the ceiling).
 - ``matvec``: the bf16 matrix-vector product a batch-1 linear layer runs (``F.linear`` of one row),
   over a weight of the same size: how much of the ceiling torch's own kernel reaches.
+- ``kernel``: the same product by aieng's kernel (``torch.ops.aieng.matvec``), which the native
+  forward runs for steps of a few rows: how much of the ceiling the served step's products reach
+  (None where the kernels cannot be built on this host).
 
 Both are medians over repeats, run in turn (one round of each, then the next, after a dropped
 warm-up round) so a machine that drifts mid-way biases neither; the share is their ratio.
@@ -25,17 +28,22 @@ GB = 1e9
 
 @dataclass(frozen=True)
 class MemoryBandwidth:
-    """The machine's read bandwidth and torch's bf16 matrix-vector product over it."""
+    """The machine's read bandwidth, and torch's and aieng's bf16 matrix-vector products over it."""
 
     threads: int
     buffer_bytes: int
     repeats: int
     read_gb_s: float
     matvec_gb_s: float
+    kernel_gb_s: float | None = None
 
     @property
     def matvec_share(self) -> float:
         return self.matvec_gb_s / self.read_gb_s
+
+    @property
+    def kernel_share(self) -> float | None:
+        return None if self.kernel_gb_s is None else self.kernel_gb_s / self.read_gb_s
 
     def ceiling_tok_s(self, step_bytes: int) -> float:
         """The most batch-1 tokens per second a step that reads ``step_bytes`` can reach here."""
@@ -46,19 +54,20 @@ class MemoryBandwidth:
         return tok_s / self.ceiling_tok_s(step_bytes)
 
     def to_dict(self) -> dict:
-        return {**asdict(self), "matvec_share": self.matvec_share}
+        return {**asdict(self), "matvec_share": self.matvec_share, "kernel_share": self.kernel_share}
 
 
 def measure_bandwidth(
     threads: int | None = None, buffer_mib: int = 512, repeats: int = 7, progress=None
 ) -> MemoryBandwidth:
-    """Measure ``read`` and ``matvec`` over ``buffer_mib`` MiB with ``threads`` torch threads
-    (default: torch's current count, which is what a served worker uses)."""
+    """Measure ``read``, ``matvec`` and ``kernel`` over ``buffer_mib`` MiB with ``threads`` torch
+    threads (default: torch's current count, which is what a served worker uses)."""
     import torch
     import torch.nn.functional as F
 
     if buffer_mib < 1 or repeats < 1:
         raise ValueError("buffer_mib and repeats are >= 1")
+    from aieng.engine.native import kernels
     from aieng.engine.native.formats import interleaved_medians
 
     previous = torch.get_num_threads()
@@ -71,9 +80,13 @@ def measure_bandwidth(
             buffer = torch.ones(size // 4, dtype=torch.float32)
             weight = torch.randn(size // 2 // cols, cols, dtype=torch.bfloat16)
             row = torch.randn(1, cols, dtype=torch.bfloat16)
+            runs = [buffer.sum, lambda: F.linear(row, weight)]
+            if kernels.load() is None:
+                row32 = row.float()
+                runs.append(lambda: torch.ops.aieng.matvec(row32, weight))
             if progress:
                 progress("allocated")
-            read_s, matvec_s = interleaved_medians(buffer.sum, lambda: F.linear(row, weight), rounds=repeats)
+            read_s, matvec_s, *kernel_s = interleaved_medians(*runs, rounds=repeats)
             if progress:
                 progress("measured")
     finally:
@@ -84,6 +97,7 @@ def measure_bandwidth(
         repeats=repeats,
         read_gb_s=size / read_s / GB,
         matvec_gb_s=size / matvec_s / GB,
+        kernel_gb_s=size / kernel_s[0] / GB if kernel_s else None,
     )
 
 
@@ -94,6 +108,12 @@ def report(result: MemoryBandwidth, model: tuple[str, int] | None = None) -> lis
         f"{result.read_gb_s:.1f} GB/s (median of {result.repeats})",
         f"torch's bf16 matrix-vector product (F.linear of one row): {result.matvec_gb_s:.1f} GB/s, "
         f"{result.matvec_share:.0%} of the read bandwidth",
+        (
+            f"aieng's bf16 matrix-vector kernel (what a served step of 1-4 rows runs): {result.kernel_gb_s:.1f} GB/s, "
+            f"{result.kernel_share:.0%} of the read bandwidth"
+            if result.kernel_gb_s is not None
+            else "aieng's matrix-vector kernel: not built on this host (the log of `aieng serve` says why)"
+        ),
     ]
     if model is not None:
         label, parameters = model

@@ -357,12 +357,17 @@ def test_a_fixed_format_builds_one_graph_for_one_row_and_times_nothing(demo):
 
 @pytest.mark.parametrize("rows", [24, 6, 7])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_the_compiled_one_row_product_matches_the_exact_product_without_rounding_the_input(rows, dtype):
-    from aieng.engine.native.llama import linear
+@pytest.mark.parametrize("kernel", [False, True], ids=["streamed_matvec", "aieng_matvec"])
+def test_the_compiled_one_row_product_matches_the_exact_product_without_rounding_the_input(rows, dtype, kernel):
+    from aieng.engine.native import kernels
+    from aieng.engine.native.compile_marks import own_copy
+    from aieng.engine.native.llama import Dims, linear
 
+    assert not kernel or kernels.load() is None
     torch.manual_seed(0)
     x, weight = torch.randn(1, 48), torch.randn(rows, 48).to(dtype)
-    got = torch.compile(linear, fullgraph=True, dynamic=False)(x, weight)
+    dims = Dims(1, 1, 48, 1e-6, matvec_kernel=kernel)
+    got = torch.compile(own_copy(linear), fullgraph=True, dynamic=False)(x, weight, None, dims)
     exact = x.double() @ weight.double().T  # bf16 weights widen exactly; the input stays fp32
     assert got.shape == (1, rows) and got.dtype == torch.float32
     assert torch.allclose(got.double(), exact, atol=1e-4, rtol=1e-5)

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from aieng.engine import Engine, EngineConfig, SamplingParams
 from aieng.engine.native import packed_weights
 from aieng.engine.native.formats import FormatPlan, format_plan, plan_from_timings
-from aieng.engine.native.llama import linear
+from aieng.engine.native.llama import Dims, linear
 from aieng.errors import ConfigError
 
 pytestmark = pytest.mark.skipif(not packed_weights.supports(torch.float32), reason="no oneDNN packed linear here")
@@ -74,7 +74,8 @@ def test_the_op_runs_inside_a_dynamic_compiled_graph(weight):
     packed_weights.pack(weight)
 
     def two_layers(x, w):
-        return linear(torch.relu(linear(x, w, None, 4)[:, :40]), w, None, 4)
+        dims = Dims(1, 1, 1, 1e-6, packed_from=4)
+        return linear(torch.relu(linear(x, w, None, dims)[:, :40]), w, None, dims)
 
     compiled = torch.compile(two_layers, dynamic=True)
     for rows in (2, 5, 16):  # below and above min_rows, one graph

@@ -109,7 +109,7 @@ def build_head(net, *, bf16: bool, progress: Callable[[str], None]) -> None:
     progress(f"compiling the output projection: 1 row, {'bf16' if bf16 else 'fp32'} weights")
     hidden = torch.zeros(1, net.final_norm.shape[0], dtype=net.dtype, device=net.lm_head.device)
     with compile_settings():
-        net.compiled_head(hidden, net.final_norm, net.final_eps, net.head(bf16))
+        net.compiled_head(hidden, net.final_norm, net.final_eps, net.head(bf16), net.dims.matvec_kernel)
     net.head_ready = True
 
 

@@ -42,6 +42,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from aieng.engine.native import kernels
+
 
 @dataclass
 class LayerWeights:
@@ -107,6 +109,7 @@ class Dims:
     eps: float
     decode_kernel: bool = False  # decode attention by aieng's CPU kernel (``kernels``), else SDPA
     packed_from: int = 0  # from this many tokens matrices multiply from oneDNN-packed copies; 0: never
+    matvec_kernel: bool = False  # steps of a few rows multiply by aieng's CPU kernel (``kernels``)
 
 
 @dataclass
@@ -156,6 +159,7 @@ def run_layers(
         dims.eps,
         dims.decode_kernel,
         dims.packed_from,
+        dims.matvec_kernel,
         plan.decode_first,
         plan.decode_pos,
         plan.decode_mask,
@@ -195,6 +199,7 @@ def _flat_decoder_layer(
     eps,
     decode_kernel,
     packed_from,
+    matvec_kernel,
     decode_first,
     decode_pos,
     *rest,
@@ -205,7 +210,7 @@ def _flat_decoder_layer(
         xp,
         (cos_d, sin_d, cos_p, sin_p),
         LayerWeights(qkv, qkv_bias, o, o_bias, gate_up, gate_up_bias, down, down_bias, norm_attn, norm_mlp),
-        Dims(heads, kv_heads, head_dim, eps, decode_kernel, packed_from),
+        Dims(heads, kv_heads, head_dim, eps, decode_kernel, packed_from, matvec_kernel),
         keys,
         values,
         AttentionPlan(rows, decode_first, decode_pos, *rest),
@@ -223,21 +228,33 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * (x.float() * torch.rsqrt(variance + eps)).to(x.dtype)
 
 
-def linear(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, packed_from: int = 0
-) -> torch.Tensor:
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, dims: Dims) -> torch.Tensor:
     """``x @ weight.T`` in the weight's dtype, result in ``x``'s (fp32 activations throughout).
 
-    One row inside a compiled graph goes through ``streamed_matvec`` instead of the BLAS kernel;
-    with ``packed_from``, the weights go through ``packed_weights.packed_linear``, which uses
-    their oneDNN-packed copy from that many rows (it decides per call, so the graph is one)."""
-    if x.shape[0] == 1 and torch.compiler.is_compiling():
+    With aieng's kernels, the product is ``aieng::matvec``: a few rows, bound by how fast the
+    weights stream, run in its kernel and more rows in ``at::linear`` (it decides per call, so a
+    compiled graph whose row count varies is one). Without them, one row inside a compiled graph
+    goes through ``streamed_matvec`` instead of the BLAS kernel. With ``packed_from``, the weights
+    go through ``packed_weights.packed_linear``, which uses their oneDNN-packed copy from that many
+    rows (also per call), and only the rows ``few_rows`` sees at trace time through the kernel."""
+    packed_from = dims.packed_from
+    if dims.matvec_kernel and kernels.matvec_fits(weight) and (not packed_from or few_rows(x)):
+        out = torch.ops.aieng.matvec(x.float(), weight).to(x.dtype)
+    elif x.shape[0] == 1 and torch.compiler.is_compiling():
         out = streamed_matvec(x, weight)
     elif packed_from:
         out = torch.ops.aieng.packed_linear(x.to(weight.dtype), weight, packed_from).to(x.dtype)
     else:
         out = F.linear(x.to(weight.dtype), weight).to(x.dtype)
     return out if bias is None else out + bias
+
+
+def few_rows(x: torch.Tensor) -> bool:
+    """One row, or (outside a compiled graph) up to ``kernels.MATVEC_MAX_ROWS``. A compiled graph
+    of two or more rows has a symbolic row count, and asking whether it is small would make dynamo
+    guard on it and compile a graph per batch size, so there only the static one-row graph asks."""
+    rows = x.shape[0]
+    return rows == 1 or (not torch.compiler.is_compiling() and rows <= kernels.MATVEC_MAX_ROWS)
 
 
 def streamed_matvec(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -258,12 +275,17 @@ def streamed_matvec(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return parts[0] if blocks == 1 else torch.cat(parts, dim=-1)
 
 
-def one_row_logits(hidden: torch.Tensor, norm: torch.Tensor, eps: float, head: torch.Tensor) -> torch.Tensor:
+def one_row_logits(
+    hidden: torch.Tensor, norm: torch.Tensor, eps: float, head: torch.Tensor, matvec_kernel: bool = False
+) -> torch.Tensor:
     """fp32 logits [1, vocab] of one final hidden state [1, D], for inductor to compile: the output
     projection over the whole vocabulary is the largest single matrix a one-row step reads (a third
-    of the layers' bytes on a 150k-token vocabulary), and ``streamed_matvec`` streams it at close to
-    the machine's read bandwidth where the BLAS kernel reaches about half of it."""
-    return streamed_matvec(rms_norm(hidden, norm, eps), head)
+    of the layers' bytes on a 150k-token vocabulary), so it streams through aieng's kernel (or,
+    without it, ``streamed_matvec``), not the BLAS kernel built for matrices."""
+    normed = rms_norm(hidden, norm, eps)
+    if matvec_kernel and kernels.matvec_fits(head):
+        return torch.ops.aieng.matvec(normed.float(), head)
+    return streamed_matvec(normed, head)
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -293,7 +315,7 @@ def decoder_layer(
     x = flat[0] if len(flat) == 1 else torch.cat(flat)
     n_tokens = x.shape[0]
     h = rms_norm(x, w.norm_attn, dims.eps)
-    qkv = linear(h, w.qkv, w.qkv_bias, dims.packed_from)
+    qkv = linear(h, w.qkv, w.qkv_bias, dims)
     q_size, kv_size = dims.heads * dims.head_dim, dims.kv_heads * dims.head_dim
     q = qkv[:, :q_size].view(n_tokens, dims.heads, dims.head_dim)
     k = qkv[:, q_size : q_size + kv_size].view(n_tokens, dims.kv_heads, dims.head_dim)
@@ -345,10 +367,10 @@ def decoder_layer(
         out = out.view(n, dims.kv_heads, groups, chunk, dims.head_dim).permute(0, 3, 1, 2, 4)
         parts.append(out.reshape(n * chunk, q_size))
     attn = parts[0] if len(parts) == 1 else torch.cat(parts)
-    x = x + linear(attn, w.o, w.o_bias, dims.packed_from)
+    x = x + linear(attn, w.o, w.o_bias, dims)
     h = rms_norm(x, w.norm_mlp, dims.eps)
-    gate, up = linear(h, w.gate_up, w.gate_up_bias, dims.packed_from).chunk(2, dim=-1)
-    mlp = linear(F.silu(gate) * up, w.down, w.down_bias, dims.packed_from)
+    gate, up = linear(h, w.gate_up, w.gate_up_bias, dims).chunk(2, dim=-1)
+    mlp = linear(F.silu(gate) * up, w.down, w.down_bias, dims)
     # Two sums, not one split afterwards: the region's outputs must not alias each other.
     return (x[:b] + mlp[:b] if b else None), ((x[b:] + mlp[b:]).view(xp.shape) if xp is not None else None)
 

@@ -11,13 +11,14 @@ import logging
 import torch
 import torch.nn.functional as F
 
-from aieng.engine.native import packed_weights
+from aieng.engine.native import kernels, packed_weights
 from aieng.engine.native.compile_marks import mark_step_dynamic, own_copy
 from aieng.engine.native.llama import (
     AttentionPlan,
     Dims,
     LayerWeights,
     decoder_layer,
+    few_rows,
     one_row_logits,
     rms_norm,
     run_layers,
@@ -37,6 +38,7 @@ class NativeLlama:
         bf16_copy: bool,
         compile_layers: bool,
         decode_kernel: bool = False,
+        matvec_kernel: bool = False,
         packed_from: int = 0,
         packed_formats: frozenset[bool] = frozenset(),
     ):
@@ -59,6 +61,7 @@ class NativeLlama:
             config.rms_norm_eps,
             decode_kernel,
             packed_from,
+            matvec_kernel,
         )
         self.layers_bf16 = [w.to(torch.bfloat16) for w in self.layers] if bf16_copy else None
         # The output projection over the whole vocabulary is one more matrix a step streams: on a
@@ -184,7 +187,7 @@ class NativeLlama:
         head = self.head(bf16)
         if compiled and self.head_ready and hidden.shape[0] == 1:
             try:
-                return self.compiled_head(hidden, self.final_norm, self.final_eps, head)
+                return self.compiled_head(hidden, self.final_norm, self.final_eps, head, self.dims.matvec_kernel)
             except torch._dynamo.exc.TorchDynamoException as exc:  # includes inductor's errors
                 log.warning(
                     "the compiled output projection failed (%s); continuing eagerly",
@@ -193,6 +196,8 @@ class NativeLlama:
                 )
                 self.head_ready = False
         normed = rms_norm(hidden, self.final_norm, self.final_eps)
+        if self.dims.matvec_kernel and few_rows(normed) and kernels.matvec_fits(head):
+            return torch.ops.aieng.matvec(normed.float(), head)
         return F.linear(normed.to(head.dtype), head).float()
 
     def step_bytes(self, *, bf16: bool) -> int:

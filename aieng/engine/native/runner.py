@@ -67,18 +67,15 @@ class NativeRunner:
         bf16_copy = formats.uses_bf16 or (formats.measured and compile_layers)
         if graphs_from is not None:
             bf16_copy = graphs_from.net.layers_bf16 is not None
-        decode_kernel = (
-            decode_attention == "auto"
-            and self.device.type == "cpu"
-            and kernels.supports(head_dim(model.config))
-            and kernels.load() is None
-        )
+        matvec_kernel = self.device.type == "cpu" and kernels.load() is None  # steps of a few rows
+        decode_kernel = matvec_kernel and decode_attention == "auto" and kernels.supports(head_dim(model.config))
         packed_from = formats.packed_from if self.device.type == "cpu" else 0
         self.net = NativeLlama(
             model,
             bf16_copy=bf16_copy,
             compile_layers=compile_layers,
             decode_kernel=decode_kernel,
+            matvec_kernel=matvec_kernel,
             packed_from=packed_from,
             packed_formats=frozenset(formats.formats_from(packed_from)),
         )

@@ -139,17 +139,15 @@ class Runtime:
         gc.freeze()
 
     def _build_kernels(self) -> None:
-        """aieng's CPU decode-attention kernel, built (first start on a host; the log says how long)
-        and loaded in the master, so the workers find it built instead of each compiling it at once."""
+        """aieng's CPU kernels (decode attention, few-row matrix products), built (first start on a
+        host; the log says how long) and loaded in the master, so the workers find them built."""
         from aieng.engine.native import kernels
         from aieng.engine.serving_path import serving_path
 
         engine = self.config.engine
         native = serving_path(self.loaded.model.config, context_length=self.loaded.context_length).kind == "native"
-        if engine.native and engine.decode_attention == "auto" and native:
-            self.progress.detail(
-                "aieng's CPU decode-attention kernel (built once per host, then loaded from the cache)"
-            )
+        if engine.native and native:
+            self.progress.detail("aieng's CPU kernels (built once per host, then loaded from the cache)")
             kernels.load()
 
     def warm_before_fork(self) -> float | None:

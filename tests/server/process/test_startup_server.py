@@ -85,7 +85,7 @@ def test_start_up_is_visible_and_a_restart_reuses_the_compile_cache(demo_store):
     started = [line["phase"] for line in lines if line["event"] == "startup_phase_start"]
     assert started == ["import", "verify", "load", "workers", "engine", "warmup"]
     loading = [line["detail"] for line in lines if line["event"] == "startup_progress" and line["phase"] == "load"]
-    assert any("decode-attention kernel" in detail for detail in loading)  # built or loaded by the master
+    assert any("aieng's CPU kernels" in detail for detail in loading)  # built or loaded by the master
     kv = next(line for line in lines if line["event"] == "engine_kv_cache")
     assert kv["decode_kernel"] is True and kv["dtype"] == "torch.float32"  # the demo's one-row step is fp32
     shapes = [line["detail"] for line in lines if line["event"] == "startup_progress" and line["phase"] == "warmup"]

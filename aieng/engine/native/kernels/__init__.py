@@ -1,10 +1,14 @@
 """aieng's own CPU kernels, compiled on the serving host the first time they are needed.
 
-One so far: ``torch.ops.aieng.decode_attention`` (``decode_attention.cpp``), the decode step's
-attention over the static KV cache. PyTorch's CPU ``scaled_dot_product_attention`` is built for
-prefill: for a decode query of a few rows it reads the cache at well under the machine's memory
-bandwidth, and at batch 1 it has only as many units of work as KV heads. At long context that
-read is what a decode step grows by (``aieng bench context``).
+- ``torch.ops.aieng.decode_attention`` (``decode_attention.cpp``), the decode step's attention
+  over the static KV cache. PyTorch's CPU ``scaled_dot_product_attention`` is built for prefill:
+  for a decode query of a few rows it reads the cache at well under the machine's memory
+  bandwidth, and at batch 1 it has only as many units of work as KV heads. At long context that
+  read is what a decode step grows by (``aieng bench context``).
+- ``torch.ops.aieng.matvec`` and ``matvec_int8`` (``matvec.cpp``), a few rows times a weight
+  matrix: the projections of a batch-1 step, which read every weight once and are bound by how
+  fast the weights stream (``aieng bench memory`` measures the ceiling; ``aieng bench engine``
+  reports a batch-1 step's share of it).
 
 Why compiled here and not shipped: the kernel is vectorised for the CPU it runs on (AVX2 or
 AVX-512), against the torch it is loaded into. It is built with the same C++ compiler
@@ -33,7 +37,8 @@ import torch
 
 log = logging.getLogger("aieng.engine")
 
-SOURCE = Path(__file__).with_name("decode_attention.cpp")
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("decode_attention.cpp", "matvec.cpp"))
+MATVEC_MAX_ROWS = 4  # matvec.cpp's kMaxRows
 BUILD_TIMEOUT_S = 600
 
 _lock = threading.Lock()
@@ -88,7 +93,7 @@ def build_command(cxx: str, output: Path) -> list[str]:
         *arch_flags(),
         f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
         *(f"-I{p}" for p in include_paths()),
-        str(SOURCE),
+        *(str(source) for source in SOURCES),
         "-o",
         str(output),
         f"-L{lib}",
@@ -100,7 +105,7 @@ def build_command(cxx: str, output: Path) -> list[str]:
 
 def library_path(cxx: str) -> Path:
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
-    key = hashlib.sha256(SOURCE.read_bytes())
+    key = hashlib.sha256(b"".join(source.read_bytes() for source in SOURCES))
     for part in (" ".join(build_command(cxx, Path("out"))), torch.__version__, version):
         key.update(part.encode())
     return cache_dir() / f"aieng_kernels-{key.hexdigest()[:16]}.so"
@@ -113,7 +118,7 @@ def _build(cxx: str, target: Path) -> None:
     fd, tmp = tempfile.mkstemp(prefix=target.stem + ".", suffix=".so.tmp", dir=target.parent)
     os.close(fd)
     started = time.monotonic()
-    log.info("building aieng's CPU decode-attention kernel (once per host and torch version): %s", target.name)
+    log.info("building aieng's CPU kernels (once per host and torch version): %s", target.name)
     try:
         done = subprocess.run(build_command(cxx, Path(tmp)), capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
         if done.returncode != 0:
@@ -122,12 +127,13 @@ def _build(cxx: str, target: Path) -> None:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-    log.info("built the decode-attention kernel in %.1f s", time.monotonic() - started)
+    log.info("built the CPU kernels (decode attention, matvec) in %.1f s", time.monotonic() - started)
 
 
 def load() -> str | None:
     """Build (if needed) and load the kernels into this process. None when they are loaded;
-    otherwise why not (the caller then uses PyTorch's attention). Thread-safe, once per process."""
+    otherwise why not (the caller then uses PyTorch's attention and ``F.linear``). Thread-safe,
+    once per process."""
     with _lock:
         if _state["loaded"] or _state["error"]:
             return _state["error"]
@@ -140,12 +146,14 @@ def load() -> str | None:
                 _build(cxx, target)
             torch.ops.load_library(str(target))
             torch.library.register_fake("aieng::decode_attention")(_decode_attention_shape)
+            torch.library.register_fake("aieng::matvec")(_matvec_shape)
+            torch.library.register_fake("aieng::matvec_int8")(_matvec_int8_shape)
             _state["loaded"] = True
         except Exception as exc:  # noqa: BLE001 - any failure means: serve with PyTorch's attention
             _state["error"] = f"{type(exc).__name__}: {exc}"
             log.warning(
-                "aieng's decode-attention kernel is unavailable, using PyTorch's attention "
-                "(slower at long context): %s",
+                "aieng's CPU kernels are unavailable, using PyTorch's attention and matrix "
+                "products (slower at long context and at batch 1): %s",
                 _state["error"],
             )
         return _state["error"]
@@ -153,6 +161,26 @@ def load() -> str | None:
 
 def _decode_attention_shape(query, keys, values, positions, first, scale):
     return torch.empty_like(query)
+
+
+def _matvec_shape(x, weight):
+    return x.new_empty((x.shape[0], weight.shape[0]))
+
+
+def _matvec_int8_shape(x, weight, scales):
+    return x.new_empty((x.shape[0], weight.shape[0]))
+
+
+def matvec_fits(weight: torch.Tensor) -> bool:
+    """The matrices ``aieng::matvec`` takes: float32 or bfloat16 on the CPU, contiguous, with a row
+    a whole number of the widest vector (16 floats); every other one goes through ``F.linear``."""
+    return (
+        weight.device.type == "cpu"
+        and weight.dtype in (torch.float32, torch.bfloat16)
+        and weight.dim() == 2
+        and weight.shape[1] % 16 == 0
+        and weight.is_contiguous()
+    )
 
 
 def supports(head_dim: int) -> bool:

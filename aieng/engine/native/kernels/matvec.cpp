@@ -1,0 +1,263 @@
+// A few rows of float32 activations times a weight matrix: the decode step's projections at
+// batch 1 (and a few rows), streamed at the machine's read bandwidth.
+//
+// Why not F.linear or inductor's generated reduction: a one-row product reads every weight once
+// for two flops, so all that counts is how fast the weights stream. The BLAS kernel is built for
+// matrices and reaches about half the read bandwidth; inductor's reduction gets further but keeps
+// one or a few add chains per output. Here every thread takes a contiguous range of output rows
+// and streams them in bands of four weight rows, each with its own accumulators (independent add
+// chains), prefetching the next band as it goes, so the loop is bound by memory, not by the
+// latency of the adds or the hardware prefetcher's restarts at every short row.
+//
+//   x      [R, K]  float32; more than kMaxRows rows are a matrix product, not a stream of weights,
+//                  and go to at::linear (so a compiled graph whose row count varies calls one op)
+//   weight [N, K]  float32, bfloat16 (widened to float32 as it loads, the input is not rounded),
+//                  or int8 with scales [N, K / group] float32 (one scale per group of
+//                  weights along K, weight-only quantisation: half the bytes of bf16)
+//   -> out [R, N]  float32
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+namespace {
+
+constexpr int64_t kMaxRows = 4;
+constexpr int64_t kBand = 4;  // weight rows streamed together
+
+#if defined(__AVX512F__)
+constexpr int64_t kWidth = 16;
+using V = __m512;
+inline V zero() { return _mm512_setzero_ps(); }
+inline V load(const float* p) { return _mm512_loadu_ps(p); }
+inline V load(const at::BFloat16* p) {  // bf16 is the top half of a float32
+  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+inline V load(const int8_t* p) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+inline V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+// The same place in the next band's rows, into L1 ahead of use: the hardware prefetcher alone
+// restarts on every short row and leaves a core's stream well below the bandwidth. Past the end
+// of the matrix it asks for nothing that faults (a prefetch never does).
+template <typename T>
+inline void prefetch(const T* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0); }
+inline V scaled(V acc, float s) { return _mm512_mul_ps(acc, _mm512_set1_ps(s)); }
+inline V add(V a, V b) { return _mm512_add_ps(a, b); }
+inline float sum(V a) { return _mm512_reduce_add_ps(a); }
+#else
+// Portable: the compiler vectorises these loops as far as the target allows.
+constexpr int64_t kWidth = 8;
+struct V {
+  float v[kWidth];
+};
+inline V zero() { return V{}; }
+template <typename T>
+inline void prefetch(const T*) {}
+template <typename T>
+inline V load(const T* p) {
+  V r;
+  for (int64_t i = 0; i < kWidth; ++i) r.v[i] = static_cast<float>(p[i]);
+  return r;
+}
+inline V fma(V a, V b, V c) {
+  for (int64_t i = 0; i < kWidth; ++i) c.v[i] += a.v[i] * b.v[i];
+  return c;
+}
+inline V scaled(V a, float s) {
+  for (int64_t i = 0; i < kWidth; ++i) a.v[i] *= s;
+  return a;
+}
+inline V add(V a, V b) {
+  for (int64_t i = 0; i < kWidth; ++i) a.v[i] += b.v[i];
+  return a;
+}
+inline float sum(V a) {
+  float s = 0.f;
+  for (int64_t i = 0; i < kWidth; ++i) s += a.v[i];
+  return s;
+}
+#endif
+
+// Output rows [n, n + B) for all R input rows. K is a multiple of kWidth; ``group`` (a multiple
+// of kWidth) is the span of one scale along K (K itself when there are no scales).
+template <typename T, int R, int B>
+inline void band(const float* x, const T* w, const float* scales, int64_t K, int64_t group, int64_t n, float* out,
+                 int64_t N) {
+  V total[R][B];
+  for (int r = 0; r < R; ++r)
+    for (int b = 0; b < B; ++b) total[r][b] = zero();
+  const int64_t groups = K / group;
+  for (int64_t g = 0; g < groups; ++g) {
+    V acc[R][B];
+    for (int r = 0; r < R; ++r)
+      for (int b = 0; b < B; ++b) acc[r][b] = zero();
+    for (int64_t k = g * group; k < (g + 1) * group; k += kWidth) {
+      V wv[B];
+      for (int b = 0; b < B; ++b) prefetch(w + (n + b + B) * K + k);
+      for (int b = 0; b < B; ++b) wv[b] = load(w + (n + b) * K + k);
+      for (int r = 0; r < R; ++r) {
+        const V xv = load(x + r * K + k);
+        for (int b = 0; b < B; ++b) acc[r][b] = fma(xv, wv[b], acc[r][b]);
+      }
+    }
+    if (scales == nullptr) {
+      for (int r = 0; r < R; ++r)
+        for (int b = 0; b < B; ++b) total[r][b] = add(total[r][b], acc[r][b]);
+    } else {
+      for (int b = 0; b < B; ++b) {
+        const float s = scales[(n + b) * groups + g];
+        for (int r = 0; r < R; ++r) total[r][b] = add(total[r][b], scaled(acc[r][b], s));
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int b = 0; b < B; ++b) out[r * N + n + b] = sum(total[r][b]);
+}
+
+#if defined(__AVX512F__)
+// bf16 without widening each weight: 32 weights load as one vector of 16 pairs; a pair's high
+// half is the odd weight as a float32 once its low half is masked off, the low half the even
+// weight once shifted up. The input is split once per call into the matching even/odd halves
+// (``split_pairs``), so each 32 weights cost two integer ops and two FMAs, and nothing is rounded.
+template <int R, int B>
+inline void band_pairs(const float* xp, const at::BFloat16* w, int64_t K, int64_t n, float* out, int64_t N) {
+  V acc[R][B];
+  for (int r = 0; r < R; ++r)
+    for (int b = 0; b < B; ++b) acc[r][b] = zero();
+  const __m512i high = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+  for (int64_t k = 0; k < K; k += 2 * kWidth) {
+    V even[B], odd[B];
+    for (int b = 0; b < B; ++b) prefetch(w + (n + b + B) * K + k);
+    for (int b = 0; b < B; ++b) {
+      const __m512i pairs = _mm512_loadu_si512(reinterpret_cast<const void*>(w + (n + b) * K + k));
+      even[b] = _mm512_castsi512_ps(_mm512_slli_epi32(pairs, 16));
+      odd[b] = _mm512_castsi512_ps(_mm512_and_si512(pairs, high));
+    }
+    for (int r = 0; r < R; ++r) {
+      const V xe = load(xp + r * K + k), xo = load(xp + r * K + k + kWidth);
+      for (int b = 0; b < B; ++b) acc[r][b] = fma(xo, odd[b], fma(xe, even[b], acc[r][b]));
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int b = 0; b < B; ++b) out[r * N + n + b] = sum(acc[r][b]);
+}
+
+// x [R, K] into each 32-wide block's 16 even then 16 odd elements.
+at::Tensor split_pairs(const at::Tensor& x) {
+  const int64_t R = x.size(0), K = x.size(1);
+  return x.view({R, K / (2 * kWidth), kWidth, 2}).transpose(2, 3).contiguous().view({R, K});
+}
+
+template <int R>
+void pairs_of(const float* xp, const at::BFloat16* w, int64_t K, int64_t N, float* out) {
+  const int64_t bands = N / kBand;
+  const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
+  at::parallel_for(0, bands, (bands + threads - 1) / threads, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) band_pairs<R, kBand>(xp, w, K, i * kBand, out, N);
+  });
+  for (int64_t n = bands * kBand; n < N; ++n) band_pairs<R, 1>(xp, w, K, n, out, N);
+}
+#endif
+
+template <typename T, int R>
+void rows_of(const float* x, const T* w, const float* scales, int64_t K, int64_t group, int64_t N, float* out) {
+  // Bands of kBand rows split evenly over the threads, each a contiguous range of the matrix.
+  const int64_t bands = N / kBand;
+  const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
+  at::parallel_for(0, bands, (bands + threads - 1) / threads, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) band<T, R, kBand>(x, w, scales, K, group, i * kBand, out, N);
+  });
+  for (int64_t n = bands * kBand; n < N; ++n) band<T, R, 1>(x, w, scales, K, group, n, out, N);
+}
+
+template <typename T>
+void dispatch_rows(int64_t R, const float* x, const T* w, const float* scales, int64_t K, int64_t group, int64_t N,
+                   float* out) {
+  switch (R) {
+    case 1: return rows_of<T, 1>(x, w, scales, K, group, N, out);
+    case 2: return rows_of<T, 2>(x, w, scales, K, group, N, out);
+    case 3: return rows_of<T, 3>(x, w, scales, K, group, N, out);
+    default: return rows_of<T, 4>(x, w, scales, K, group, N, out);
+  }
+}
+
+void check_shapes(const at::Tensor& x, const at::Tensor& weight) {
+  TORCH_CHECK(x.dim() == 2 && weight.dim() == 2, "matvec: x [R, K] and weight [N, K]");
+  TORCH_CHECK(x.scalar_type() == at::kFloat, "matvec: x must be float32");
+  TORCH_CHECK(x.size(1) == weight.size(1), "matvec: x has ", x.size(1), " columns, weight ", weight.size(1));
+  TORCH_CHECK(x.size(0) >= 1, "matvec: at least one row");
+  TORCH_CHECK(weight.size(1) % kWidth == 0, "matvec: K must be a multiple of ", kWidth);
+  TORCH_CHECK(weight.is_contiguous(), "matvec: weight must be contiguous");
+}
+
+at::Tensor matvec(const at::Tensor& x, const at::Tensor& weight) {
+  check_shapes(x, weight);
+  if (x.size(0) > kMaxRows) {
+    TORCH_CHECK(weight.scalar_type() == at::kFloat || weight.scalar_type() == at::kBFloat16,
+                "matvec: weight must be float32 or bfloat16");
+    return at::linear(x.to(weight.scalar_type()), weight).to(at::kFloat);
+  }
+  const at::Tensor xs = x.contiguous();
+  const int64_t R = xs.size(0), K = weight.size(1), N = weight.size(0);
+  at::Tensor out = at::empty({R, N}, xs.options());
+  if (weight.scalar_type() == at::kFloat)
+    dispatch_rows<float>(R, xs.data_ptr<float>(), weight.data_ptr<float>(), nullptr, K, K, N, out.data_ptr<float>());
+  else if (weight.scalar_type() == at::kBFloat16) {
+#if defined(__AVX512F__)
+    if (K % (2 * kWidth) == 0) {
+      const at::Tensor xp = split_pairs(xs);
+      const float* p = xp.data_ptr<float>();
+      const at::BFloat16* w = weight.data_ptr<at::BFloat16>();
+      float* o = out.data_ptr<float>();
+      switch (R) {
+        case 1: pairs_of<1>(p, w, K, N, o); break;
+        case 2: pairs_of<2>(p, w, K, N, o); break;
+        case 3: pairs_of<3>(p, w, K, N, o); break;
+        default: pairs_of<4>(p, w, K, N, o);
+      }
+      return out;
+    }
+#endif
+    dispatch_rows<at::BFloat16>(R, xs.data_ptr<float>(), weight.data_ptr<at::BFloat16>(), nullptr, K, K, N,
+                                out.data_ptr<float>());
+  } else
+    TORCH_CHECK(false, "matvec: weight must be float32 or bfloat16 (int8 goes through matvec_int8)");
+  return out;
+}
+
+at::Tensor matvec_int8(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& scales) {
+  check_shapes(x, weight);
+  TORCH_CHECK(x.size(0) <= kMaxRows, "matvec_int8: 1 to ", kMaxRows, " rows, got ", x.size(0));
+  TORCH_CHECK(weight.scalar_type() == at::kChar, "matvec_int8: weight must be int8");
+  TORCH_CHECK(scales.scalar_type() == at::kFloat && scales.dim() == 2 && scales.size(0) == weight.size(0) &&
+                  scales.is_contiguous(),
+              "matvec_int8: scales [N, K / group] float32");
+  const int64_t R = x.size(0), K = weight.size(1), N = weight.size(0);
+  TORCH_CHECK(scales.size(1) >= 1 && K % scales.size(1) == 0 && (K / scales.size(1)) % kWidth == 0,
+              "matvec_int8: a group of weights per scale that divides K and is a multiple of ", kWidth);
+  const at::Tensor xs = x.contiguous();
+  at::Tensor out = at::empty({R, N}, xs.options());
+  dispatch_rows<int8_t>(R, xs.data_ptr<float>(), weight.data_ptr<int8_t>(), scales.data_ptr<float>(), K,
+                        K / scales.size(1), N, out.data_ptr<float>());
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(aieng, m) {
+  m.def("matvec(Tensor x, Tensor weight) -> Tensor");
+  m.def("matvec_int8(Tensor x, Tensor weight, Tensor scales) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(aieng, CPU, m) {
+  m.impl("matvec", &matvec);
+  m.impl("matvec_int8", &matvec_int8);
+}
