@@ -122,3 +122,11 @@ def test_the_one_row_graph_and_the_head_run_through_the_kernel(matvec, monkeypat
         x = torch.randn(rows, 32)
         expected = F.linear(x, weight.float()) if rows <= 4 else F.linear(x.bfloat16(), weight).float()
         torch.testing.assert_close(dynamic(x, weight), expected * 2, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("size", [0, 7, 64, 1000, 100_003])
+def test_stream_read_sums_the_whole_buffer(matvec, size):
+    buffer = torch.rand(size)
+    assert torch.ops.aieng.stream_read(buffer) == pytest.approx(float(buffer.double().sum()), rel=1e-5, abs=1e-5)
+    with pytest.raises(RuntimeError, match="contiguous float32"):
+        torch.ops.aieng.stream_read(torch.ones(8, dtype=torch.float64))

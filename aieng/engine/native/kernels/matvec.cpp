@@ -21,6 +21,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <vector>
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -250,14 +251,48 @@ at::Tensor matvec_int8(const at::Tensor& x, const at::Tensor& weight, const at::
   return out;
 }
 
+// The sum of a float32 buffer, read the way ``matvec`` reads weights (contiguous ranges per
+// thread, several accumulators, the next lines prefetched): the read bandwidth a kernel can get
+// here, the ceiling ``aieng bench memory`` states batch-1 results against. torch's own sum is a
+// general reduction and on some machines reads slower than a matrix-vector product does.
+double stream_read(const at::Tensor& buffer) {
+  TORCH_CHECK(buffer.scalar_type() == at::kFloat && buffer.is_contiguous(), "stream_read: a contiguous float32 buffer");
+  const float* p = buffer.data_ptr<float>();
+  const int64_t n = buffer.numel() / (4 * kWidth) * (4 * kWidth);
+  const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
+  const int64_t chunk = (n / (4 * kWidth) + threads - 1) / threads * (4 * kWidth);
+  std::vector<double> partial(threads, 0.0);
+  at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      // four streams a thread, as matvec reads a band of four weight rows
+      V acc[4] = {zero(), zero(), zero(), zero()};
+      const int64_t first = std::min(n, t * chunk), stop = std::min(n, (t + 1) * chunk);
+      const int64_t quarter = (stop - first) / (4 * kWidth) * kWidth;
+      for (int64_t i = first; i < first + quarter; i += kWidth) {
+        for (int j = 0; j < 4; ++j) prefetch(p + i + j * quarter + 4 * kWidth);
+        for (int j = 0; j < 4; ++j) acc[j] = add(acc[j], load(p + i + j * quarter));
+      }
+      float rest = 0.f;
+      for (int64_t i = first + 4 * quarter; i < stop; ++i) rest += p[i];
+      partial[t] = sum(add(add(acc[0], acc[1]), add(acc[2], acc[3]))) + rest;
+    }
+  });
+  double total = 0.0;
+  for (double v : partial) total += v;
+  for (int64_t i = n; i < buffer.numel(); ++i) total += p[i];
+  return total;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(aieng, m) {
   m.def("matvec(Tensor x, Tensor weight) -> Tensor");
   m.def("matvec_int8(Tensor x, Tensor weight, Tensor scales) -> Tensor");
+  m.def("stream_read(Tensor buffer) -> float");
 }
 
 TORCH_LIBRARY_IMPL(aieng, CPU, m) {
   m.impl("matvec", &matvec);
   m.impl("matvec_int8", &matvec_int8);
+  m.impl("stream_read", &stream_read);
 }
