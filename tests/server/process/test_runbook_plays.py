@@ -156,9 +156,10 @@ def test_a_gate_refusal_then_a_rerun_with_a_reason_completes_the_deploy(at_versi
 
     store.register(store.version_dir("demo", "2"), "demo", "6")
     with_eval(store, "1")
-    template = (store.manifest(ModelRef("demo", "6")).prompt_template or {}).get("sha256")
-    weak = {**EVAL, "metrics": {**EVAL["metrics"], "accuracy": {**EVAL["metrics"]["accuracy"], "reverse": 0.1}}}
-    store.update_manifest(ModelRef("demo", "6"), eval={**weak, "template_sha256": template})
+    with_eval(store, "6")  # measured on the registered suite, so both runs reuse it rather than re-evaluate
+    weak = store.manifest(ModelRef("demo", "6")).eval
+    weak["metrics"]["accuracy"]["reverse"] = 0.1
+    store.update_manifest(ModelRef("demo", "6"), eval=weak)
     params = {**at_version_1, "source": str(store.version_dir("demo", "6")), "version": "6", "watch_window_s": 0}
 
     with pytest.raises(PapermillExecutionError, match="eval gate failed"):
@@ -168,6 +169,7 @@ def test_a_gate_refusal_then_a_rerun_with_a_reason_completes_the_deploy(at_versi
     forced = {**params, "force": True, "reason": "test: accepted weaker reverse for this play"}
     record = outputs(execute("deploy_model", forced, runs_dir=tmp_path))
     assert "is already registered with identical files (candidate): will reuse it" in record
+    assert '"reverse": 0.1' in record  # the recorded evaluation, not a new one
     assert "gate FAILED, overridden (force=True)" in record and "aieng release watch demo --url" in record
     assert store.current("demo") == "6" and set(worker_versions(server.base_url).values()) == {"6"}
     promoted = store.history("demo")[-1]
