@@ -44,6 +44,7 @@ class ServeBenchConfig:
     measure_pss: bool = True
     metrics_overhead_rounds: int = 0  # > 0: metrics on vs off at C=32, this many alternating rounds each
     plain_forward: bool = False  # also the plain batched forward at batch 32: aieng's C=32 share of it
+    weight_formats: tuple[str, ...] = ("auto",)  # an aieng server per AIENG_WEIGHT_FORMATS value
 
 
 @dataclass
@@ -149,12 +150,15 @@ def run_serve_bench(
     def bodies_for(model_name, peer=False):
         return lambda n: request_bodies(tokenizer, model_name, n, config.max_tokens, peer=peer)
 
-    runs = [("aieng", ["--workers", "1"])] if config.include_aieng else []
+    first, *others = config.weight_formats
+    runs = [("aieng", ["--workers", "1"], first)] if config.include_aieng else []
     if config.include_aieng and config.include_batching_off:
-        runs.append(("aieng_batching_off", ["--workers", "1", "--max-batch-size", "1"]))
-    for label, args in runs:
-        log(f"[bench serve] {label}: starting")
-        with ServerProcess(store=store, model=model_ref, extra_args=args + ["--max-queue", "1024"]) as proc:
+        runs.append(("aieng_batching_off", ["--workers", "1", "--max-batch-size", "1"], first))
+    runs += [(f"aieng_{fmt}", ["--workers", "1"], fmt) for fmt in others if config.include_aieng]
+    for label, args, fmt in runs:
+        log(f"[bench serve] {label}: starting (AIENG_WEIGHT_FORMATS={fmt})")
+        env = {"AIENG_WEIGHT_FORMATS": fmt}
+        with ServerProcess(store=store, model=model_ref, extra_args=args + ["--max-queue", "1024"], env=env) as proc:
             # measure the compiled server, not the switch to it
             proc.wait_until_compiled(log=lambda message: log(f"[bench serve] {message}"))
             bench.results[label] = measure_levels(proc.base_url, bodies_for(name), config, progress)

@@ -98,7 +98,16 @@ def add_parser(sub) -> None:
         default="f32",
         metavar="FMT[,FMT]",
         help="GGUF weights for the llama.cpp peers, comma-separated: f32 (exact), bf16 (as aieng's bf16 "
-        "steps), q8_0, q4_0 (default f32); compare aieng's formats with the same ones: bf16 with bf16",
+        "steps), q8_0, q4_0 (default f32); compare aieng's formats with the same ones: bf16 with bf16, "
+        "int8 with q8_0",
+    )
+    p.add_argument(
+        "--weight-formats",
+        default="auto",
+        metavar="FMT[,FMT]",
+        help="aieng servers to measure, one per AIENG_WEIGHT_FORMATS value, comma-separated (default auto, "
+        "what `aieng serve` runs); each after the first is reported as aieng_FMT, e.g. auto,int8 beside "
+        "--peer-format bf16,q8_0",
     )
     p.add_argument(
         "--peer-threads",

@@ -202,6 +202,7 @@ def serve(args: argparse.Namespace) -> int:
     from aieng.bench.serve_bench import ServeBenchConfig, run_serve_bench
     from aieng.bench.serve_report import format_table
     from aieng.errors import ConfigError
+    from aieng.settings import WEIGHT_FORMATS
     from aieng.store import ModelRef
 
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per request would bury the table
@@ -212,6 +213,10 @@ def serve(args: argparse.Namespace) -> int:
         raise ConfigError(str(exc)) from None
     store, ref, version, folder, tokenizer = verified_version(args)
     levels = tuple(int(c) for c in args.concurrency.split(","))
+    formats = tuple(dict.fromkeys(f.strip() for f in args.weight_formats.split(",") if f.strip()))
+    unknown = [f for f in formats if f not in WEIGHT_FORMATS]
+    if unknown or not formats:
+        raise ConfigError(f"--weight-formats {args.weight_formats!r}: choose from {', '.join(WEIGHT_FORMATS)}")
     config = ServeBenchConfig(
         concurrencies=levels,
         max_tokens=args.max_tokens,
@@ -225,8 +230,9 @@ def serve(args: argparse.Namespace) -> int:
         peer_slots=settings_from(args).max_batch_size,
         include_aieng=not args.no_aieng,
         plain_forward=args.plain_forward,
+        weight_formats=formats,
     )
-    configs = (0 if args.no_aieng else 1 + (not args.no_batching_off)) + len(peers)
+    configs = (0 if args.no_aieng else len(formats) + (not args.no_batching_off)) + len(peers)
     total = configs * sum(max(args.requests, 2 * c) for c in levels) + 2 * args.metrics_overhead * max(
         args.requests, 64
     )

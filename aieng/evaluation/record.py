@@ -19,8 +19,9 @@ from aieng.store import ModelRef, ModelStore, parse_ref
 from aieng.store.introspect import prompt_template
 
 # None: full precision, recorded under ``eval``; the others under ``eval.variants.<name>`` with their
-# delta: int8 dynamic quantization, bf16 weights (``--dtype``), a bf16 KV cache (``--kv-cache-dtype``).
-VARIANTS = (None, "int8", "bfloat16", "kv_bfloat16")
+# delta: int8 dynamic quantization (``--int8``), bf16 or group-quantised int8 weights (``--dtype``), a
+# bf16 KV cache (``--kv-cache-dtype``).
+VARIANTS = (None, "int8", "bfloat16", "int8_weights", "kv_bfloat16")
 
 
 def suite_for(store: ModelStore, ref: ModelRef, suite: Suite | str | Path | None = None) -> Suite:
@@ -130,10 +131,11 @@ def evaluate_version(
         from aieng.engine.quantize import quantize_int8
 
         model = quantize_int8(model)
-    if variant == "bfloat16":
+    if variant in ("bfloat16", "int8_weights"):
         from aieng.engine.native.formats import bf16_linears
+        from aieng.engine.native.int8_weights import int8_linears
 
-        with bf16_linears(model):
+        with (bf16_linears if variant == "bfloat16" else int8_linears)(model):
             report = evaluate(model, loaded.tokenizer, chosen, per_family=n_per_family)
     elif variant == "kv_bfloat16":
         from aieng.evaluation.kv_rounding import bf16_kv_rounding

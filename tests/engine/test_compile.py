@@ -305,7 +305,7 @@ def test_the_graphs_built_do_not_depend_on_where_the_measured_plan_switches_form
     model, tokenizer = demo
     runner = Engine(model, tokenizer, config=EngineConfig.exact(compile=True)).runner
     runner.formats = FormatPlan(bf16_from=bf16_from)
-    assert runner.compile_shapes() == want
+    assert runner.compile_shapes() == [GraphShape(*t) for t in want]
 
 
 def test_a_measured_plan_times_the_compiled_one_row_step_in_both_formats(demo, caplog):
@@ -317,7 +317,7 @@ def test_a_measured_plan_times_the_compiled_one_row_step_in_both_formats(demo, c
     engine = Engine(model, tokenizer, config=EngineConfig.exact(compile=True, weight_formats="auto"))
     runner = engine.runner
     runner.formats = replace(runner.formats, one_row_margin=None)  # whatever the demo's eager timings said
-    assert runner.formats.measured and {(1, 0, False), (1, 0, True)} <= set(runner.compile_shapes())
+    assert runner.formats.measured and {GraphShape(1, 0, False), GraphShape(1, 0, True)} <= set(runner.compile_shapes())
     with caplog.at_level(logging.INFO, logger="aieng.engine"):
         engine.warmup()
     timed = [r for r in caplog.records if getattr(r, "one_row", None)]
@@ -341,7 +341,7 @@ def test_a_format_that_wins_one_row_clearly_eager_is_the_only_one_row_graph(demo
     runner = Engine(model, tokenizer, config=EngineConfig.exact(compile=True, weight_formats="auto")).runner
     runner.net.layers_bf16 = runner.net.layers_bf16 or [w.to(torch.bfloat16) for w in runner.net.layers]
     runner.formats = FormatPlan(((1, True),), measured=True, one_row_margin=one_row_margin)
-    assert [s for s in runner.compile_shapes() if s.rows == 1] == one_row_graphs
+    assert [s for s in runner.compile_shapes() if s.rows == 1] == [GraphShape(*t) for t in one_row_graphs]
     clear_loss = FormatPlan(((1, False),), measured=True, one_row_margin=0.5)  # fp32 clearly ahead
     assert clear_loss.clear_at_one_row and not FormatPlan(measured=True, one_row_margin=0.9).clear_at_one_row
     assert plan_from_timings({1: (3e-3, 1e-3, 4e-3, 2e-3)}).one_row_margin == pytest.approx(3.0)  # best layouts
@@ -350,7 +350,9 @@ def test_a_format_that_wins_one_row_clearly_eager_is_the_only_one_row_graph(demo
 def test_a_fixed_format_builds_one_graph_for_one_row_and_times_nothing(demo):
     model, tokenizer = demo
     runner = Engine(model, tokenizer, config=EngineConfig.exact(compile=True, weight_formats="float32")).runner
-    assert runner.net.layers_bf16 is None and [s for s in runner.compile_shapes() if s.rows == 1] == [(1, 0, False)]
+    assert runner.net.layers_bf16 is None and [s for s in runner.compile_shapes() if s.rows == 1] == [
+        GraphShape(1, 0, False)
+    ]
     runner.build_graphs()
     assert runner.timed_one_row_bf16 is None and runner.one_row_bf16 is False
 

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field, replace
 import torch
 import torch.nn.functional as F
 
-from aieng.engine.native import format_plan_cache, packed_weights
+from aieng.engine.native import format_plan_cache, int8_weights, packed_weights
 from aieng.host import container_limits
 from aieng.settings import WEIGHT_FORMATS
 
@@ -73,6 +73,9 @@ class FormatPlan:
     # Measured plans: the eager one-token step's fp32 time over its bf16 time (each format's faster
     # layout). Far from 1, the compiled one-row graphs need no race of their own (``clear_at_one_row``).
     one_row_margin: float | None = field(default=None, compare=False)
+    # Steps of up to this many tokens read the int8 copy (``int8_weights``; 0: no copy): the
+    # ``int8`` format, when it beat the float formats on this machine (``int8_plan``).
+    int8_rows: int = 0
 
     @classmethod
     def fixed(cls, bf16: bool) -> FormatPlan:
@@ -105,8 +108,10 @@ class FormatPlan:
 
     def describe(self) -> str:
         packed = f" (oneDNN-packed from {self.packed_from} tokens)" if self.packed_from else ""
+        if self.int8_rows:
+            packed += f"; int8 weights for steps of {self.int8_rows} token{'s' if self.int8_rows > 1 else ''}"
         if not self.uses_bf16:
-            return f"fp32 weights for every step{packed}"
+            return f"fp32 weights for {'larger steps' if self.int8_rows else 'every step'}{packed}"
         parts = [
             f"{'bf16' if bf16 else 'fp32'} from {count} token{'s' if count > 1 else ''}"
             for i, (count, bf16) in enumerate(self.bf16_from)
@@ -120,6 +125,8 @@ def format_plan(choice: str, model) -> FormatPlan:
     ``-packed`` format multiplies from oneDNN-packed copies at every step size (on the CPU)."""
     if choice == "auto":
         return measure_format_plan(model)
+    if choice == "int8":
+        return int8_plan(model, measure_format_plan(model))
     if choice not in WEIGHT_FORMATS:
         raise ValueError(f"weight formats {choice!r}: use one of {', '.join(WEIGHT_FORMATS)}")
     bf16, packed = choice.startswith("bfloat16"), choice.endswith("-packed")
@@ -215,6 +222,46 @@ def measure_format_plan(model, *, repeats: int = 5, cached: bool = True) -> Form
     return result
 
 
+def int8_plan(model, plan: FormatPlan, *, repeats: int = 5) -> FormatPlan:
+    """``plan`` with one-token steps on int8 weights, if they beat the float formats there: the
+    decoder layers' matrices times one row, through aieng's kernels, int8 against the faster of
+    fp32 and bf16 (the same bar as bf16 over fp32). Refused, with a log line, where they lose; an
+    error where they cannot run (no kernels, a GPU, rows the kernel cannot take)."""
+    from aieng.engine.native import kernels
+    from aieng.errors import ConfigError
+
+    weight = next(model.parameters())
+    why_not = "int8 weights run on the CPU" if weight.device.type != "cpu" else kernels.load()
+    matrices = [_layer_matrices(layer) for layer in model.model.layers]
+    if why_not is None and not all(int8_weights.fits(m) for m in matrices[0]):
+        why_not = "a weight row is not a multiple of 16 weights"
+    if why_not is not None:
+        raise ConfigError(f"weight formats 'int8': not on this host ({why_not}); use auto")
+    layer_bytes = sum(m.numel() * m.element_size() for m in matrices[0])
+    timed = [m for layer in matrices[: max(1, min(len(matrices), STREAMED_BYTES // layer_bytes))] for m in layer]
+    with torch.inference_mode():
+        bf16 = [m.to(torch.bfloat16) for m in timed]
+        int8 = [int8_weights.quantize(m) for m in timed]
+        x = {m.shape[1]: torch.randn(1, m.shape[1]) for m in timed}
+        times = interleaved_medians(
+            lambda: [torch.ops.aieng.matvec(x[m.shape[1]], m) for m in timed],
+            lambda: [torch.ops.aieng.matvec(x[m.shape[1]], m) for m in bf16],
+            lambda: [torch.ops.aieng.matvec_int8(x[q.shape[1]], q, s) for q, s in int8],
+            rounds=repeats,
+        )
+    chosen = int8_wins(min(times[:2]), times[2])
+    log.info(
+        "int8 weights %s for one-token steps (the layers' matrices at one row: fp32 %.2f ms, bf16 %.2f ms, "
+        "int8 %.2f ms, %d of %d layers timed)",
+        "chosen" if chosen else "refused: not clearly faster than the float formats here",
+        *(t * 1e3 for t in times),
+        len(timed) // 4,
+        len(matrices),
+        extra={"event": "engine_weight_formats", "int8": chosen, "ms": [round(t * 1e3, 3) for t in times]},
+    )
+    return replace(plan, int8_rows=1) if chosen else plan
+
+
 def _pack_all(matrices: list[torch.Tensor]) -> list[torch.Tensor]:
     """Pack every matrix, or none: a PyTorch whose oneDNN cannot reorder bf16 weights on this CPU
     (no AVX-512) raises, and then no packed format is timed."""
@@ -279,6 +326,11 @@ def bf16_wins(fp32_s: float, bf16_s: float) -> bool:
     return bf16_s < 0.95 * fp32_s and fp32_s - bf16_s >= MIN_SAVING_S
 
 
+def int8_wins(float_s: float, int8_s: float) -> bool:
+    """int8 must win as clearly as bf16 must over fp32 (``bf16_wins``): it costs more accuracy."""
+    return bf16_wins(float_s, int8_s)
+
+
 def interleaved_medians(*runs: Callable[[], object], rounds: int) -> tuple[float, ...]:
     """Median seconds of each run over ``rounds`` rounds that run each in turn, after one round
     that warms the kernels up and is dropped (alternating, so a machine that drifts mid-way
@@ -322,20 +374,6 @@ def bf16_linears(model):
     """Run the decoder layers' Linear layers as the engine's bf16 format does: inputs and weights
     rounded to bf16, the product back in fp32 (the LM head stays fp32, as in the engine).
     For ``aieng eval --dtype bfloat16``: it measures the accuracy of exactly what serving runs."""
-    patched = []
-    for layer in model.model.layers:
-        for module in layer.modules():
-            if isinstance(module, torch.nn.Linear):
-                half = module.weight.detach().to(torch.bfloat16)
-
-                def forward(x, module=module, half=half):
-                    out = F.linear(x.to(torch.bfloat16), half).to(x.dtype)
-                    return out if module.bias is None else out + module.bias
-
-                module.forward = forward
-                patched.append(module)
-    try:
+    modules = [m for layer in model.model.layers for m in layer.modules() if isinstance(m, torch.nn.Linear)]
+    with int8_weights.rounded_linears(modules, lambda w: w.detach().to(torch.bfloat16), torch.bfloat16):
         yield model
-    finally:
-        for module in patched:
-            del module.forward  # back to the class's forward

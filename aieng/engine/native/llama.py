@@ -37,7 +37,7 @@ forward (``hf_runner``) or refused.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 
 import torch
 import torch.nn.functional as F
@@ -49,7 +49,9 @@ from aieng.engine.native import kernels
 class LayerWeights:
     """One decoder layer, projections fused: qkv [(H + 2·KV)·d, D] and gate|up [2·I, D]. Each
     projection's bias is None where its module has none (Llama's ``attention_bias`` biases all four
-    attention projections, o included; ``mlp_bias`` all three MLP ones; Qwen2 biases q, k, v only)."""
+    attention projections, o included; ``mlp_bias`` all three MLP ones; Qwen2 biases q, k, v only).
+    In the ``int8`` format the matrices are int8 and each has its scales (``int8_weights``); else
+    the scales are None."""
 
     qkv: torch.Tensor
     qkv_bias: torch.Tensor | None
@@ -61,40 +63,31 @@ class LayerWeights:
     down_bias: torch.Tensor | None
     norm_attn: torch.Tensor
     norm_mlp: torch.Tensor
+    qkv_scales: torch.Tensor | None = None
+    o_scales: torch.Tensor | None = None
+    gate_up_scales: torch.Tensor | None = None
+    down_scales: torch.Tensor | None = None
 
     def to(self, dtype: torch.dtype) -> LayerWeights:
         """A copy with the matrices in ``dtype`` (norms and biases stay as they are)."""
-        return LayerWeights(
-            self.qkv.to(dtype),
-            self.qkv_bias,
-            self.o.to(dtype),
-            self.o_bias,
-            self.gate_up.to(dtype),
-            self.gate_up_bias,
-            self.down.to(dtype),
-            self.down_bias,
-            self.norm_attn,
-            self.norm_mlp,
+        return replace(
+            self, qkv=self.qkv.to(dtype), o=self.o.to(dtype), gate_up=self.gate_up.to(dtype), down=self.down.to(dtype)
         )
 
     def tensors(self) -> tuple:
         """Every field in order: the flat arguments of the compiled layer region."""
-        return (
-            self.qkv,
-            self.qkv_bias,
-            self.o,
-            self.o_bias,
-            self.gate_up,
-            self.gate_up_bias,
-            self.down,
-            self.down_bias,
-            self.norm_attn,
-            self.norm_mlp,
-        )
+        return tuple(getattr(self, f.name) for f in fields(self))
 
     @property
     def matrices(self) -> tuple[torch.Tensor, ...]:
         return self.qkv, self.o, self.gate_up, self.down
+
+    @property
+    def scales(self) -> tuple[torch.Tensor, ...]:
+        """The int8 matrices' scales, in the order of ``matrices`` (none in a float format)."""
+        return tuple(
+            s for s in (self.qkv_scales, self.o_scales, self.gate_up_scales, self.down_scales) if s is not None
+        )
 
     @property
     def biased(self) -> tuple[bool, ...]:
@@ -174,46 +167,25 @@ def run_layers(
     return xd, xp
 
 
-def _flat_decoder_layer(
-    xd,
-    xp,
-    cos_d,
-    sin_d,
-    cos_p,
-    sin_p,
-    qkv,
-    qkv_bias,
-    o,
-    o_bias,
-    gate_up,
-    gate_up_bias,
-    down,
-    down_bias,
-    norm_attn,
-    norm_mlp,
-    keys,
-    values,
-    heads,
-    kv_heads,
-    head_dim,
-    eps,
-    decode_kernel,
-    packed_from,
-    matvec_kernel,
-    decode_first,
-    decode_pos,
-    *rest,
-):
+_LAYER_FIELDS, _DIMS_FIELDS = len(fields(LayerWeights)), len(fields(Dims))  # constants for the trace
+
+
+def _flat_decoder_layer(xd, xp, cos_d, sin_d, cos_p, sin_p, *rest):
+    """``decoder_layer`` on ``run_layers``' flat arguments: the layer's tensors (``LayerWeights``'
+    fields in order), its keys and values, ``Dims``' fields, then the plan's."""
+    n, d = _LAYER_FIELDS, _DIMS_FIELDS
+    w, (keys, values), dims = LayerWeights(*rest[:n]), rest[n : n + 2], Dims(*rest[n + 2 : n + 2 + d])
+    decode_first, decode_pos = rest[n + 2 + d : n + 4 + d]
     rows = 0 if decode_pos is None else decode_pos.shape[0]
     out = decoder_layer(
         xd,
         xp,
         (cos_d, sin_d, cos_p, sin_p),
-        LayerWeights(qkv, qkv_bias, o, o_bias, gate_up, gate_up_bias, down, down_bias, norm_attn, norm_mlp),
-        Dims(heads, kv_heads, head_dim, eps, decode_kernel, packed_from, matvec_kernel),
+        w,
+        dims,
         keys,
         values,
-        AttentionPlan(rows, decode_first, decode_pos, *rest),
+        AttentionPlan(rows, decode_first, decode_pos, *rest[n + 4 + d :]),
     )
     return tuple(t for t in out if t is not None)  # tensors only: a None output makes the region unreusable
 
@@ -228,8 +200,13 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * (x.float() * torch.rsqrt(variance + eps)).to(x.dtype)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, dims: Dims) -> torch.Tensor:
+def linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, dims: Dims, scales: torch.Tensor | None = None
+) -> torch.Tensor:
     """``x @ weight.T`` in the weight's dtype, result in ``x``'s (fp32 activations throughout).
+
+    int8 weights come with their ``scales`` and always go through ``aieng::matvec_int8`` (the
+    runner gives them only to steps of a few rows).
 
     With aieng's kernels, the product is ``aieng::matvec``: a few rows, bound by how fast the
     weights stream, run in its kernel and more rows in ``at::linear`` (it decides per call, so a
@@ -238,7 +215,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, dim
     go through ``packed_weights.packed_linear``, which uses their oneDNN-packed copy from that many
     rows (also per call), and only the rows ``few_rows`` sees at trace time through the kernel."""
     packed_from = dims.packed_from
-    if dims.matvec_kernel and kernels.matvec_fits(weight) and (not packed_from or few_rows(x)):
+    if scales is not None:
+        out = torch.ops.aieng.matvec_int8(x.float(), weight, scales).to(x.dtype)
+    elif dims.matvec_kernel and kernels.matvec_fits(weight) and (not packed_from or few_rows(x)):
         out = torch.ops.aieng.matvec(x.float(), weight).to(x.dtype)
     elif x.shape[0] == 1 and torch.compiler.is_compiling():
         out = streamed_matvec(x, weight)
@@ -276,13 +255,20 @@ def streamed_matvec(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 
 def one_row_logits(
-    hidden: torch.Tensor, norm: torch.Tensor, eps: float, head: torch.Tensor, matvec_kernel: bool = False
+    hidden: torch.Tensor,
+    norm: torch.Tensor,
+    eps: float,
+    head: torch.Tensor,
+    matvec_kernel: bool = False,
+    head_scales: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """fp32 logits [1, vocab] of one final hidden state [1, D], for inductor to compile: the output
     projection over the whole vocabulary is the largest single matrix a one-row step reads (a third
     of the layers' bytes on a 150k-token vocabulary), so it streams through aieng's kernel (or,
     without it, ``streamed_matvec``), not the BLAS kernel built for matrices."""
     normed = rms_norm(hidden, norm, eps)
+    if head_scales is not None:
+        return torch.ops.aieng.matvec_int8(normed.float(), head, head_scales)
     if matvec_kernel and kernels.matvec_fits(head):
         return torch.ops.aieng.matvec(normed.float(), head)
     return streamed_matvec(normed, head)
@@ -315,7 +301,7 @@ def decoder_layer(
     x = flat[0] if len(flat) == 1 else torch.cat(flat)
     n_tokens = x.shape[0]
     h = rms_norm(x, w.norm_attn, dims.eps)
-    qkv = linear(h, w.qkv, w.qkv_bias, dims)
+    qkv = linear(h, w.qkv, w.qkv_bias, dims, w.qkv_scales)
     q_size, kv_size = dims.heads * dims.head_dim, dims.kv_heads * dims.head_dim
     q = qkv[:, :q_size].view(n_tokens, dims.heads, dims.head_dim)
     k = qkv[:, q_size : q_size + kv_size].view(n_tokens, dims.kv_heads, dims.head_dim)
@@ -367,10 +353,10 @@ def decoder_layer(
         out = out.view(n, dims.kv_heads, groups, chunk, dims.head_dim).permute(0, 3, 1, 2, 4)
         parts.append(out.reshape(n * chunk, q_size))
     attn = parts[0] if len(parts) == 1 else torch.cat(parts)
-    x = x + linear(attn, w.o, w.o_bias, dims)
+    x = x + linear(attn, w.o, w.o_bias, dims, w.o_scales)
     h = rms_norm(x, w.norm_mlp, dims.eps)
-    gate, up = linear(h, w.gate_up, w.gate_up_bias, dims).chunk(2, dim=-1)
-    mlp = linear(F.silu(gate) * up, w.down, w.down_bias, dims)
+    gate, up = linear(h, w.gate_up, w.gate_up_bias, dims, w.gate_up_scales).chunk(2, dim=-1)
+    mlp = linear(F.silu(gate) * up, w.down, w.down_bias, dims, w.down_scales)
     # Two sums, not one split afterwards: the region's outputs must not alias each other.
     return (x[:b] + mlp[:b] if b else None), ((x[b:] + mlp[b:]).view(xp.shape) if xp is not None else None)
 

@@ -24,7 +24,7 @@ from aieng.engine.native.formats import FormatPlan
 from aieng.engine.native.graphs import GraphShape
 from aieng.engine.native.llama import AttentionPlan, causal_decode_mask
 from aieng.engine.native.model import NativeLlama
-from aieng.engine.native.slots import SlotKVCache, SlotShape, kv_dtype, plan_slots
+from aieng.engine.native.slots import SlotKVCache, SlotShape, kv_dtype, plan_slots, prefill_tensors
 from aieng.engine.oom import is_out_of_memory, release_cached_memory
 from aieng.engine.runner import Chunk, RunnerChoices, StepLogits
 from aieng.model_facts import head_dim
@@ -78,6 +78,7 @@ class NativeRunner:
             matvec_kernel=matvec_kernel,
             packed_from=packed_from,
             packed_formats=frozenset(formats.formats_from(packed_from)),
+            int8_copy=bool(formats.int8_rows) and matvec_kernel,
         )
         self.net.build_rotary_table(context_length + 1)  # + the scratch column
         dims = self.net.dims
@@ -145,7 +146,7 @@ class NativeRunner:
         return {"rewarms": 0, "compile_fallbacks": int(self.compile_failed)}
 
     def describe(self, config) -> RunnerChoices:
-        one_row = "bf16" if self.one_row_bf16 else "fp32"
+        one_row = "int8" if self.int8_rows else "bf16" if self.one_row_bf16 else "fp32"
         weights = (
             f"{self.formats.describe()}; one-row steps in {one_row} "
             f"({setting_said('AIENG_WEIGHT_FORMATS', config.weight_formats)})"
@@ -167,11 +168,19 @@ class NativeRunner:
         )
 
     def one_row_step_bytes(self) -> int:
-        return self.net.step_bytes(bf16=self.one_row_bf16)
+        return self.net.step_bytes(bf16=self.one_row_bf16, int8=bool(self.int8_rows))
+
+    @property
+    def int8_rows(self) -> int:
+        """Steps of up to this many tokens read the int8 copy (0: there is none)."""
+        return self.formats.int8_rows if self.net.layers_int8 is not None else 0
 
     @property
     def one_row_bf16(self) -> bool:
-        """The compiled one-row step's format: as build_graphs timed it, else the eager plan's."""
+        """The compiled one-row step's float format: as build_graphs timed it, else the eager plan's
+        (False when it reads int8 weights)."""
+        if self.int8_rows:
+            return False
         return self.formats.use_bf16(1) if self.timed_one_row_bf16 is None else self.timed_one_row_bf16
 
     @property
@@ -293,7 +302,7 @@ class NativeRunner:
             decode_pos = torch.tensor(lengths, device=device)
             decode_mask = causal_decode_mask(decode_pos, span=max(lengths) + 1)
             tokens = torch.tensor(list(decode_tokens), dtype=torch.long, device=device)
-        prefill = self._prefill_tensors(chunks) if chunks else {}
+        prefill = prefill_tensors(self.cache, chunks, device) if chunks else {}
         plan = AttentionPlan(
             b,
             first,
@@ -307,9 +316,10 @@ class NativeRunner:
         n_tokens = b + len(chunks) * prefill.get("width", 0)
         graph = self._graph_for(b, len(chunks), n_tokens, first)
         bf16 = graph.bf16 if graph else self.formats.use_bf16(n_tokens)
+        int8 = graph.int8 if graph else n_tokens <= self.int8_rows
         self.steps_by_graph[graph] += 1
         hidden = self._layers(
-            plan, tokens, prefill.get("tokens"), prefill.get("rotary_pos"), bf16=bf16, compiled=graph is not None
+            plan, tokens, prefill.get("tokens"), prefill.get("rotary_pos"), bf16=bf16, int8=int8, compiled=bool(graph)
         )
         # Only now, with the forward done, do the rows' lengths move: a failed call changes nothing.
         for slot, token in zip(range(first, first + b), decode_tokens):
@@ -323,7 +333,9 @@ class NativeRunner:
         logits = None
         if picks:
             head_bf16 = self.one_row_bf16 if len(picks) == 1 else self.formats.use_bf16(len(picks))
-            logits = self.net.logits(hidden[torch.tensor(picks, device=device)], bf16=head_bf16, compiled=self.compiled)
+            int8 = len(picks) <= self.int8_rows
+            rows = hidden[torch.tensor(picks, device=device)]
+            logits = self.net.logits(rows, bf16=head_bf16, compiled=self.compiled, int8=int8)
         self.head_s = time.perf_counter() - head_start
         decode_logits = logits[:b] if b else None
         prefill_logits = logits[b:] if logits is not None and len(picks) > b else None
@@ -337,41 +349,14 @@ class NativeRunner:
         if not self.compiled or first or not rows:
             return None
         bf16 = self.one_row_bf16 if tokens == 1 else self.formats.use_bf16(tokens)
-        shape = GraphShape.of(rows, chunks, bf16)
+        shape = GraphShape.of(rows, chunks, bf16, int8=tokens <= self.int8_rows)
         return shape if shape in self.graph_shapes else None
 
-    def _prefill_tensors(self, chunks: Sequence[Chunk]) -> dict:
-        """Right-pad the chunks to one width, at least 2 (a width of 1 would need a graph of its
-        own); padding writes to the scratch column and is never attended by a real token."""
-        cache, device = self.cache, self.device
-        width = max(2, max(len(c.token_ids) for c in chunks))
-        slots, write, pos, tokens, rotary_pos = [], [], [], [], []
-        for chunk in chunks:
-            n = len(chunk.token_ids)
-            slots.append(cache.slot_of[chunk.request_id])
-            row_pos = [chunk.start + j for j in range(width)]
-            pos.append(row_pos)
-            write.append(row_pos[:n] + [cache.capacity] * (width - n))
-            tokens.append(list(chunk.token_ids) + [0] * (width - n))
-            rotary_pos.append([min(p, cache.capacity - 1) for p in row_pos])
-        pos_t = torch.tensor(pos, device=device)
-        span = max(c.start + len(c.token_ids) for c in chunks)
-        mask = (torch.arange(span, device=device)[None, None, :] <= pos_t[:, :, None])[:, None]
-        return {
-            "slots": torch.tensor(slots, device=device),
-            "pos": pos_t,
-            "write": torch.tensor(write, device=device),
-            "mask": mask,
-            "width": width,
-            "tokens": torch.tensor(tokens, dtype=torch.long, device=device),
-            "rotary_pos": torch.tensor(rotary_pos, device=device),
-        }
-
-    def _layers(self, plan, *tokens, bf16: bool, compiled: bool) -> torch.Tensor:
+    def _layers(self, plan, *tokens, bf16: bool, int8: bool, compiled: bool) -> torch.Tensor:
         if not compiled:
-            return self.net.hidden(plan, self.cache, *tokens, bf16=bf16, compiled=False)
+            return self.net.hidden(plan, self.cache, *tokens, bf16=bf16, int8=int8, compiled=False)
         try:
-            return self.net.hidden(plan, self.cache, *tokens, bf16=bf16, compiled=True)
+            return self.net.hidden(plan, self.cache, *tokens, bf16=bf16, int8=int8, compiled=True)
         except torch._dynamo.exc.TorchDynamoException as exc:  # includes inductor's errors
             log.warning(
                 "the compiled decoder layer failed (%s); continuing eagerly",
@@ -379,7 +364,7 @@ class NativeRunner:
                 extra={"event": "engine_compile_fallback"},
             )
             self.compile_failed = True
-            return self.net.hidden(plan, self.cache, *tokens, bf16=bf16, compiled=False)
+            return self.net.hidden(plan, self.cache, *tokens, bf16=bf16, int8=int8, compiled=False)
 
     # -- compilation (graphs.py) ----------------------------------------------------------------
     @functools.cached_property

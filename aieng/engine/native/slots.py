@@ -346,3 +346,31 @@ class SlotKVCache:
         for slot in (a, b):
             if self.owner[slot] is not None:
                 self.slot_of[self.owner[slot]] = slot
+
+
+def prefill_tensors(cache: SlotKVCache, chunks, device) -> dict:
+    """A step's prompt chunks (``runner.Chunk``) as the tensors of its ``AttentionPlan``, in their
+    rows of ``cache``. Right-pads the chunks to one width, at least 2 (a width of 1 would need a graph of its
+    own); padding writes to the scratch column and is never attended by a real token."""
+    width = max(2, max(len(c.token_ids) for c in chunks))
+    slots, write, pos, tokens, rotary_pos = [], [], [], [], []
+    for chunk in chunks:
+        n = len(chunk.token_ids)
+        slots.append(cache.slot_of[chunk.request_id])
+        row_pos = [chunk.start + j for j in range(width)]
+        pos.append(row_pos)
+        write.append(row_pos[:n] + [cache.capacity] * (width - n))
+        tokens.append(list(chunk.token_ids) + [0] * (width - n))
+        rotary_pos.append([min(p, cache.capacity - 1) for p in row_pos])
+    pos_t = torch.tensor(pos, device=device)
+    span = max(c.start + len(c.token_ids) for c in chunks)
+    mask = (torch.arange(span, device=device)[None, None, :] <= pos_t[:, :, None])[:, None]
+    return {
+        "slots": torch.tensor(slots, device=device),
+        "pos": pos_t,
+        "write": torch.tensor(write, device=device),
+        "mask": mask,
+        "width": width,
+        "tokens": torch.tensor(tokens, dtype=torch.long, device=device),
+        "rotary_pos": torch.tensor(rotary_pos, device=device),
+    }

@@ -1,0 +1,101 @@
+"""The ``int8`` weight format: each matrix row cut into groups, each group stored as int8 with one
+fp32 scale (symmetric: the group's largest magnitude maps to 127).
+
+Why groups and not one scale per row: a single outlier weight sets its row's scale and crushes
+the rest of the row to a few levels; a group of 32-128 weights keeps the error of most groups
+small for a quarter of a scale's bytes per weight. It is the same trade llama.cpp's Q8_0 makes
+(blocks of 32, fp16 scales). A one-row step reads each weight once, so a quarter of fp32's bytes
+(half of bf16's) is what makes it faster; ``kernels/matvec.cpp`` multiplies the int8 weights
+without widening them in memory, the input and the sums stay fp32.
+
+Only steps of up to ``kernels.MATVEC_MAX_ROWS`` rows read them (the engine uses them for one-row
+steps): with more rows a step is bound by arithmetic, not reads, and runs in the float formats.
+``aieng eval --dtype int8`` grades exactly this rounding (``int8_linears``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import replace
+
+import torch
+import torch.nn.functional as F
+
+GROUP_SIZES = (128, 64, 32, 16)  # the largest that divides a row is used; 16 floats is the kernel's vector
+
+
+def group_size(columns: int) -> int | None:
+    """Weights per scale for rows of ``columns``; None when no group the kernel takes divides it."""
+    return next((g for g in GROUP_SIZES if columns % g == 0), None)
+
+
+def quantize(matrix: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(int8 [N, K], fp32 scales [N, K / group]) of a float matrix [N, K], rounded to nearest."""
+    group = group_size(matrix.shape[1])
+    if group is None:
+        raise ValueError(f"int8 weights: a row of {matrix.shape[1]} weights is not a multiple of 16")
+    grouped = matrix.detach().float().reshape(matrix.shape[0], -1, group)
+    scales = grouped.abs().amax(-1) / 127.0
+    safe = torch.where(scales > 0, scales, torch.ones_like(scales))  # an all-zero group stays zero
+    q = torch.round(grouped / safe[..., None]).clamp_(-127, 127).to(torch.int8)
+    return q.reshape(matrix.shape).contiguous(), scales.contiguous()
+
+
+def dequantize(q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """The fp32 matrix the int8 weights stand for."""
+    grouped = q.float().reshape(q.shape[0], scales.shape[1], -1)
+    return (grouped * scales[..., None]).reshape(q.shape)
+
+
+def fits(matrix: torch.Tensor) -> bool:
+    return matrix.device.type == "cpu" and matrix.dim() == 2 and group_size(matrix.shape[1]) is not None
+
+
+def int8_layer(weights):
+    """``LayerWeights`` with its four matrices in int8 and their scales beside them (norms and biases
+    as they are)."""
+    qkv, o, gate_up, down = (quantize(m) for m in weights.matrices)
+    return replace(
+        weights,
+        qkv=qkv[0],
+        o=o[0],
+        gate_up=gate_up[0],
+        down=down[0],
+        qkv_scales=qkv[1],
+        o_scales=o[1],
+        gate_up_scales=gate_up[1],
+        down_scales=down[1],
+    )
+
+
+@contextlib.contextmanager
+def int8_linears(model):
+    """Run the decoder layers' Linear layers and the output projection on weights rounded as the
+    ``int8`` format rounds them (inputs and sums stay fp32, as in ``matvec_int8``). For
+    ``aieng eval --dtype int8``: it grades exactly what serving in that format computes."""
+    modules = [m for layer in model.model.layers for m in layer.modules() if isinstance(m, torch.nn.Linear)]
+    modules = [m for m in modules + [model.get_output_embeddings()] if fits(m.weight)]
+    with rounded_linears(modules, lambda w: dequantize(*quantize(w)).to(w.dtype)):
+        yield model
+
+
+@contextlib.contextmanager
+def rounded_linears(modules, round_weight, input_dtype: torch.dtype | None = None):
+    """Run each Linear of ``modules`` on ``round_weight(its weight)`` (and its input in
+    ``input_dtype``), the product back in the input's dtype, the bias added after; as before on exit.
+    What ``aieng eval --dtype`` grades a weight format with."""
+    patched = []
+    for module in modules:
+        rounded = round_weight(module.weight)
+
+        def forward(x, module=module, rounded=rounded):
+            out = F.linear(x if input_dtype is None else x.to(input_dtype), rounded).to(x.dtype)
+            return out if module.bias is None else out + module.bias
+
+        module.forward = forward
+        patched.append(module)
+    try:
+        yield
+    finally:
+        for module in patched:
+            del module.forward  # back to the class's forward
