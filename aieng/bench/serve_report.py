@@ -34,12 +34,18 @@ def evaluate_targets(bench) -> dict:
                 "p99_transformers_s": peer[c]["latency_p99_s"],
                 "met": ratio >= 1.5 and p99_ok,
             }
-    for label, levels in r.items():  # the GGUF peers: reported side by side, no target set for them yet
+    # The GGUF peers: reported side by side with every aieng format measured (``--weight-formats``;
+    # the first is ``aieng``, the others ``aieng_FMT``), no target set for them yet.
+    ours = {name: levels for name, levels in r.items() if name == "aieng" or _other_format(name)}
+    for label, levels in r.items():
         if not label.startswith("llama"):
             continue
-        for c in (1, 32, 64):
-            if c in on and c in levels and levels[c]["ok"] and on[c]["ok"]:
-                targets[f"vs_{label}_c{c}"] = {
+        for name, on in ours.items():
+            prefix = "" if name == "aieng" else f"{name}_"
+            for c in (1, 32, 64):
+                if c not in on or c not in levels or not levels[c]["ok"] or not on[c]["ok"]:
+                    continue
+                targets[f"{prefix}vs_{label}_c{c}"] = {
                     "value": round(on[c]["output_tok_per_s"] / levels[c]["output_tok_per_s"], 2),
                     "target": "aieng/peer tok/s (reported)",
                     "met": None,
@@ -47,6 +53,7 @@ def evaluate_targets(bench) -> dict:
                     "p99_aieng_s": on[c]["latency_p99_s"],
                     "p99_peer_s": levels[c]["latency_p99_s"],
                 }
+    on = r.get("aieng", {})
     if bench.plain_forward and 32 in on and on[32]["ok"]:
         share = on[32]["output_tok_per_s"] / bench.plain_forward["tok_s"]
         targets["share_of_plain_forward_c32"] = {
@@ -117,3 +124,8 @@ def format_table(bench) -> str:
     for label, why in bench.peer_errors.items():
         lines.append(f"peer {label} not measured: {why}")
     return "\n".join(lines)
+
+
+def _other_format(label: str) -> bool:
+    """An aieng server in another weight format (``aieng_int8``), not a variant of the first one."""
+    return label.startswith("aieng_") and label != "aieng_batching_off"

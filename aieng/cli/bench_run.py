@@ -211,12 +211,12 @@ def serve(args: argparse.Namespace) -> int:
         peers = parse_peers(args.peer, args.peer_format)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    store, ref, version, folder, tokenizer = verified_version(args)
-    levels = tuple(int(c) for c in args.concurrency.split(","))
     formats = tuple(dict.fromkeys(f.strip() for f in args.weight_formats.split(",") if f.strip()))
     unknown = [f for f in formats if f not in WEIGHT_FORMATS]
     if unknown or not formats:
         raise ConfigError(f"--weight-formats {args.weight_formats!r}: choose from {', '.join(WEIGHT_FORMATS)}")
+    store, ref, version, folder, tokenizer = verified_version(args)
+    levels = tuple(int(c) for c in args.concurrency.split(","))
     config = ServeBenchConfig(
         concurrencies=levels,
         max_tokens=args.max_tokens,

@@ -74,6 +74,41 @@ def test_the_cli_takes_peers_and_refuses_unknown_ones(capsys):
     assert "--peer 'vllm': choose from transformers, llama.cpp, llama-cpp-python" in capsys.readouterr().err
 
 
+def test_each_weight_format_is_an_aieng_server_of_its_own_and_an_unknown_one_is_refused(monkeypatch, capsys):
+    """``--weight-formats auto,int8``: the first format is ``aieng`` (and its batching-off run), each
+    other one ``aieng_FMT``, every server started with its AIENG_WEIGHT_FORMATS."""
+    from aieng.bench import serve_bench
+    from aieng.cli.main import main
+
+    started = []
+
+    class Recorded:
+        def __init__(self, *, store, model, extra_args, env=None):
+            started.append((extra_args, env))
+            self.base_url = "http://127.0.0.1:1"
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def wait_until_compiled(self, log):
+            pass
+
+    monkeypatch.setattr(serve_bench, "ServerProcess", Recorded)
+    monkeypatch.setattr(serve_bench, "measure_levels", lambda url, bodies, config, progress: {1: {}})
+    monkeypatch.setattr("aieng.bench.serve_report.evaluate_targets", lambda bench: {})
+    config = serve_bench.ServeBenchConfig(concurrencies=(1,), measure_pss=False, weight_formats=("auto", "int8"))
+    bench = serve_bench.run_serve_bench("store", "m@1", "dir", None, config, log=lambda m: None)
+    assert list(bench.results) == ["aieng", "aieng_batching_off", "aieng_int8"]
+    assert [env["AIENG_WEIGHT_FORMATS"] for _, env in started] == ["auto", "auto", "int8"]
+    assert "--max-batch-size" in started[1][0] and "--max-batch-size" not in started[2][0]
+
+    assert main(["bench", "serve", "--weight-formats", "auto,int4"]) == 1
+    assert "--weight-formats 'auto,int4': choose from auto, float32" in capsys.readouterr().err
+
+
 def test_each_peer_gets_its_own_way_to_ignore_eos():
     assert peer_body_extra("aieng", 8, 2) == {"ignore_eos": True}
     assert peer_body_extra("llama.cpp", 8, 2) == {"ignore_eos": True}
@@ -213,3 +248,25 @@ def test_connection_per_request_swaps_the_load_clients_connector_only_inside():
     assert aiohttp.TCPConnector is original
     with peers.connection_per_request(False):
         assert aiohttp.TCPConnector is original
+
+
+def test_every_aieng_format_is_set_beside_every_gguf_peer():
+    from aieng.bench.serve_bench import ServeBenchResult
+    from aieng.bench.serve_report import evaluate_targets
+
+    def level(tok_s, p99):
+        return {1: {"ok": 16, "output_tok_per_s": tok_s, "latency_p99_s": p99}}
+
+    bench = ServeBenchResult(
+        results={
+            "aieng": level(25.0, 2.6),
+            "aieng_int8": level(39.0, 1.7),
+            "aieng_batching_off": level(25.0, 2.6),
+            "llama.cpp_q8_0": level(26.0, 2.4),
+        }
+    )
+    targets = evaluate_targets(bench)
+    assert targets["vs_llama.cpp_q8_0_c1"]["value"] == 0.96
+    assert targets["aieng_int8_vs_llama.cpp_q8_0_c1"]["value"] == 1.5
+    assert targets["aieng_int8_vs_llama.cpp_q8_0_c1"]["p99_ratio"] == 0.71
+    assert not any(key.startswith("aieng_batching_off") for key in targets)
