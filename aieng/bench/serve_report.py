@@ -40,20 +40,19 @@ def evaluate_targets(bench) -> dict:
     for label, levels in r.items():
         if not label.startswith("llama"):
             continue
-        for name, on in ours.items():
+        for name, mine in ours.items():
             prefix = "" if name == "aieng" else f"{name}_"
             for c in (1, 32, 64):
-                if c not in on or c not in levels or not levels[c]["ok"] or not on[c]["ok"]:
+                if c not in mine or c not in levels or not levels[c]["ok"] or not mine[c]["ok"]:
                     continue
                 targets[f"{prefix}vs_{label}_c{c}"] = {
-                    "value": round(on[c]["output_tok_per_s"] / levels[c]["output_tok_per_s"], 2),
+                    "value": round(mine[c]["output_tok_per_s"] / levels[c]["output_tok_per_s"], 2),
                     "target": "aieng/peer tok/s (reported)",
                     "met": None,
-                    "p99_ratio": round(on[c]["latency_p99_s"] / levels[c]["latency_p99_s"], 2),
-                    "p99_aieng_s": on[c]["latency_p99_s"],
+                    "p99_ratio": round(mine[c]["latency_p99_s"] / levels[c]["latency_p99_s"], 2),
+                    "p99_aieng_s": mine[c]["latency_p99_s"],
                     "p99_peer_s": levels[c]["latency_p99_s"],
                 }
-    on = r.get("aieng", {})
     if bench.plain_forward and 32 in on and on[32]["ok"]:
         share = on[32]["output_tok_per_s"] / bench.plain_forward["tok_s"]
         targets["share_of_plain_forward_c32"] = {

@@ -107,17 +107,17 @@ class FormatPlan:
         return {bf16 for count, bf16 in self.bf16_from if count > tokens} | {self.use_bf16(tokens)}
 
     def describe(self) -> str:
-        packed = f" (oneDNN-packed from {self.packed_from} tokens)" if self.packed_from else ""
+        suffix = f" (oneDNN-packed from {self.packed_from} tokens)" if self.packed_from else ""
         if self.int8_rows:
-            packed += f"; int8 weights for steps of {self.int8_rows} token{'s' if self.int8_rows > 1 else ''}"
+            suffix += f"; int8 weights for steps of {self.int8_rows} token{'s' if self.int8_rows > 1 else ''}"
         if not self.uses_bf16:
-            return f"fp32 weights for {'larger steps' if self.int8_rows else 'every step'}{packed}"
+            return f"fp32 weights for {'larger steps' if self.int8_rows else 'every step'}{suffix}"
         parts = [
             f"{'bf16' if bf16 else 'fp32'} from {count} token{'s' if count > 1 else ''}"
             for i, (count, bf16) in enumerate(self.bf16_from)
             if i == 0 or bf16 != self.bf16_from[i - 1][1]
         ]
-        return ", ".join(parts) + packed
+        return ", ".join(parts) + suffix
 
 
 def format_plan(choice: str, model) -> FormatPlan:
@@ -164,8 +164,7 @@ def measure_format_plan(model, *, repeats: int = 5, cached: bool = True) -> Form
     # at a few tokens and the plain layouts' per-call re-blocking looks free at many (on one layer
     # packed bf16 can even lose to plain where it wins clearly on all of them).
     per_layer = [_layer_matrices(layer) for layer in model.model.layers]
-    layer_bytes = sum(m.numel() * m.element_size() for m in per_layer[0])
-    streamed_layers = max(1, min(len(per_layer), STREAMED_BYTES // layer_bytes))
+    streamed_layers = _streamed_layers(per_layer)
     path = format_plan_cache.plan_path(
         [tuple(m.shape) for m in per_layer[0]],
         len(per_layer),
@@ -237,8 +236,7 @@ def int8_plan(model, plan: FormatPlan, *, repeats: int = 5) -> FormatPlan:
         why_not = "a weight row is not a multiple of 16 weights"
     if why_not is not None:
         raise ConfigError(f"weight formats 'int8': not on this host ({why_not}); use auto")
-    layer_bytes = sum(m.numel() * m.element_size() for m in matrices[0])
-    timed = [m for layer in matrices[: max(1, min(len(matrices), STREAMED_BYTES // layer_bytes))] for m in layer]
+    timed = [m for layer in matrices[: _streamed_layers(matrices)] for m in layer]
     with torch.inference_mode():
         bf16 = [m.to(torch.bfloat16) for m in timed]
         int8 = [int8_weights.quantize(m) for m in timed]
@@ -260,6 +258,12 @@ def int8_plan(model, plan: FormatPlan, *, repeats: int = 5) -> FormatPlan:
         extra={"event": "engine_weight_formats", "int8": chosen, "ms": [round(t * 1e3, 3) for t in times]},
     )
     return replace(plan, int8_rows=1) if chosen else plan
+
+
+def _streamed_layers(per_layer: list[list[torch.Tensor]]) -> int:
+    """How many layers to time in turn: ``STREAMED_BYTES`` of matrices, beyond any CPU cache."""
+    layer_bytes = sum(m.numel() * m.element_size() for m in per_layer[0])
+    return max(1, min(len(per_layer), STREAMED_BYTES // layer_bytes))
 
 
 def _pack_all(matrices: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -374,6 +378,6 @@ def bf16_linears(model):
     """Run the decoder layers' Linear layers as the engine's bf16 format does: inputs and weights
     rounded to bf16, the product back in fp32 (the LM head stays fp32, as in the engine).
     For ``aieng eval --dtype bfloat16``: it measures the accuracy of exactly what serving runs."""
-    modules = [m for layer in model.model.layers for m in layer.modules() if isinstance(m, torch.nn.Linear)]
+    modules = int8_weights.layer_linears(model)
     with int8_weights.rounded_linears(modules, lambda w: w.detach().to(torch.bfloat16), torch.bfloat16):
         yield model

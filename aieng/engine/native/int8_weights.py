@@ -73,10 +73,14 @@ def int8_linears(model):
     """Run the decoder layers' Linear layers and the output projection on weights rounded as the
     ``int8`` format rounds them (inputs and sums stay fp32, as in ``matvec_int8``). For
     ``aieng eval --dtype int8``: it grades exactly what serving in that format computes."""
-    modules = [m for layer in model.model.layers for m in layer.modules() if isinstance(m, torch.nn.Linear)]
-    modules = [m for m in modules + [model.get_output_embeddings()] if fits(m.weight)]
+    modules = [m for m in layer_linears(model) + [model.get_output_embeddings()] if fits(m.weight)]
     with rounded_linears(modules, lambda w: dequantize(*quantize(w)).to(w.dtype)):
         yield model
+
+
+def layer_linears(model) -> list[torch.nn.Linear]:
+    """Every Linear of the decoder layers (the output projection is not one of them)."""
+    return [m for layer in model.model.layers for m in layer.modules() if isinstance(m, torch.nn.Linear)]
 
 
 @contextlib.contextmanager

@@ -318,8 +318,9 @@ class NativeRunner:
         bf16 = graph.bf16 if graph else self.formats.use_bf16(n_tokens)
         int8 = graph.int8 if graph else n_tokens <= self.int8_rows
         self.steps_by_graph[graph] += 1
+        compiled = graph is not None
         hidden = self._layers(
-            plan, tokens, prefill.get("tokens"), prefill.get("rotary_pos"), bf16=bf16, int8=int8, compiled=bool(graph)
+            plan, tokens, prefill.get("tokens"), prefill.get("rotary_pos"), bf16=bf16, int8=int8, compiled=compiled
         )
         # Only now, with the forward done, do the rows' lengths move: a failed call changes nothing.
         for slot, token in zip(range(first, first + b), decode_tokens):
