@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 #: AIENG_WEIGHT_FORMATS's choices (engine/native/formats.py says what each runs)
-WEIGHT_FORMATS = ("auto", "float32", "bfloat16", "float32-packed", "bfloat16-packed", "int8")
+WEIGHT_FORMATS = ("auto", "float32", "bfloat16", "float32-packed", "bfloat16-packed", "int8", "int4")
 
 
 def _setting(default, help: str, **kwargs):
@@ -58,14 +58,16 @@ class Settings:
     )
     weight_formats: str = _setting(
         "auto",
-        "auto | float32 | bfloat16 | float32-packed | bfloat16-packed | int8: auto "
+        "auto | float32 | bfloat16 | float32-packed | bfloat16-packed | int8 | int4: auto "
         "measures at start-up at which step sizes bf16 weights beat fp32 on "
         "this CPU, and from which size oneDNN-packed copies of them multiply "
         "faster, and keeps the copies the plan uses (a second format must save "
         "5% and 0.5 ms a step: on the demo model none does); int8 adds "
         "group-quantised int8 weights for one-token steps (batch-1 decode) on "
         "top of auto's plan, if they are faster here (lossy: `aieng eval --dtype "
-        "int8` records the accuracy); the others fix one format",
+        "int8` records the accuracy); int4 the same with 4-bit weights in groups "
+        "of 32 and the step's input rounded to int8 (`aieng eval --dtype int4`); "
+        "the others fix one format",
     )
     decode_attention: str = _setting(
         "auto",

@@ -99,7 +99,7 @@ def add_parser(sub) -> None:
         metavar="FMT[,FMT]",
         help="GGUF weights for the llama.cpp peers, comma-separated: f32 (exact), bf16 (as aieng's bf16 "
         "steps), q8_0, q4_0 (default f32); compare aieng's formats with the same ones: bf16 with bf16, "
-        "int8 with q8_0",
+        "int8 with q8_0, int4 with q4_0",
     )
     p.add_argument(
         "--weight-formats",

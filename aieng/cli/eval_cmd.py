@@ -56,13 +56,15 @@ def add_parser(sub) -> None:
     )
     p.add_argument(
         "--dtype",
-        choices=["float32", "bfloat16", "int8"],
+        choices=["float32", "bfloat16", "int8", "int4"],
         default="float32",
         help="bfloat16: evaluate the decoder layers' matrix multiplies in bf16, as the engine runs small "
         "batches (see `aieng serve --help`, AIENG_WEIGHT_FORMATS), and record the accuracy delta "
         "against the recorded fp32 result under eval.variants.bfloat16; int8: the layers' and the output "
         "projection's weights rounded as AIENG_WEIGHT_FORMATS=int8 rounds them (groups of up to 128 "
-        "weights per scale), recorded under eval.variants.int8_weights",
+        "weights per scale), recorded under eval.variants.int8_weights; int4: as AIENG_WEIGHT_FORMATS=int4 "
+        "computes (4-bit weights in groups of 32, inputs rounded to int8 per group), under "
+        "eval.variants.int4_weights",
     )
     p.add_argument(
         "--kv-cache-dtype",
@@ -82,13 +84,14 @@ def _variant(args: argparse.Namespace) -> str | None:
             ("int8", args.int8),
             ("bfloat16", args.dtype == "bfloat16"),
             ("int8_weights", args.dtype == "int8"),
+            ("int4_weights", args.dtype == "int4"),
             ("kv_bfloat16", args.kv_cache_dtype == "bfloat16"),
         )
         if on
     ]
     if len(chosen) > 1:
         raise SystemExit(
-            f"aieng eval: choose one of --int8, --dtype bfloat16|int8, --kv-cache-dtype bfloat16 (got {chosen})"
+            f"aieng eval: choose one of --int8, --dtype bfloat16|int8|int4, --kv-cache-dtype bfloat16 (got {chosen})"
         )
     return chosen[0] if chosen else None
 

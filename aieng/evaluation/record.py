@@ -19,9 +19,9 @@ from aieng.store import ModelRef, ModelStore, parse_ref
 from aieng.store.introspect import prompt_template
 
 # None: full precision, recorded under ``eval``; the others under ``eval.variants.<name>`` with their
-# delta: int8 dynamic quantization (``--int8``), bf16 or group-quantised int8 weights (``--dtype``), a
+# delta: int8 dynamic quantization (``--int8``), bf16, int8 or int4 weights (``--dtype``), a
 # bf16 KV cache (``--kv-cache-dtype``).
-VARIANTS = (None, "int8", "bfloat16", "int8_weights", "kv_bfloat16")
+VARIANTS = (None, "int8", "bfloat16", "int8_weights", "int4_weights", "kv_bfloat16")
 
 
 def suite_for(store: ModelStore, ref: ModelRef, suite: Suite | str | Path | None = None) -> Suite:
@@ -110,7 +110,7 @@ def evaluate_version(
         base = (loaded.manifest.eval or {}) if loaded.manifest else {}
         if "metrics" not in base:
             raise StoreError(
-                f"{ref.name}@{loaded.version} has no recorded evaluation to compare int8 against; "
+                f"{ref.name}@{loaded.version} has no recorded evaluation to compare {variant} against; "
                 f"run `aieng eval {ref.name}@{loaded.version}` first"
             )
         if base.get("suite_sha256") != chosen.sha256:
@@ -124,18 +124,20 @@ def evaluate_version(
         ):  # other prompts: the delta would be noise
             raise StoreError(
                 f"the recorded evaluation of {ref.name}@{loaded.version} used {base.get('n_per_family')} "
-                f"prompts per family; run the int8 one with --n-per-family {base.get('n_per_family')} "
+                f"prompts per family; run the {variant} one with --n-per-family {base.get('n_per_family')} "
                 f"(or re-run `aieng eval` with {n_per_family} first)"
             )
     if variant == "int8":
         from aieng.engine.quantize import quantize_int8
 
         model = quantize_int8(model)
-    if variant in ("bfloat16", "int8_weights"):
+    if variant in ("bfloat16", "int8_weights", "int4_weights"):
         from aieng.engine.native.formats import bf16_linears
+        from aieng.engine.native.int4_weights import int4_linears
         from aieng.engine.native.int8_weights import int8_linears
 
-        with (bf16_linears if variant == "bfloat16" else int8_linears)(model):
+        rounding = {"bfloat16": bf16_linears, "int8_weights": int8_linears, "int4_weights": int4_linears}[variant]
+        with rounding(model):
             report = evaluate(model, loaded.tokenizer, chosen, per_family=n_per_family)
     elif variant == "kv_bfloat16":
         from aieng.evaluation.kv_rounding import bf16_kv_rounding

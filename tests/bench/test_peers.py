@@ -105,8 +105,8 @@ def test_each_weight_format_is_an_aieng_server_of_its_own_and_an_unknown_one_is_
     assert [env["AIENG_WEIGHT_FORMATS"] for _, env in started] == ["auto", "auto", "int8"]
     assert "--max-batch-size" in started[1][0] and "--max-batch-size" not in started[2][0]
 
-    assert main(["bench", "serve", "--weight-formats", "auto,int4"]) == 1
-    assert "--weight-formats 'auto,int4': choose from auto, float32" in capsys.readouterr().err
+    assert main(["bench", "serve", "--weight-formats", "auto,int2"]) == 1
+    assert "--weight-formats 'auto,int2': choose from auto, float32" in capsys.readouterr().err
 
 
 def test_each_peer_gets_its_own_way_to_ignore_eos():

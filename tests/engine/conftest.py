@@ -64,3 +64,20 @@ def run_until_idle(engine, requests, *, after_first=None):
     while engine.num_running:
         events += engine.step().events
     return events
+
+
+@pytest.fixture(scope="module")
+def built():
+    """aieng's CPU kernels, built and loaded: this machine has the compiler torch.compile needs."""
+    from aieng.engine.native import kernels
+
+    reason = kernels.load()
+    assert reason is None, reason
+
+
+@pytest.fixture
+def quantized_wins(monkeypatch):
+    """A quantised format taken whatever the plan's race says: on models this small none saves the bar."""
+    from aieng.engine.native import formats
+
+    monkeypatch.setattr(formats, "quantized_wins", lambda float_s, quantized_s: True)

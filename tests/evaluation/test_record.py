@@ -72,31 +72,35 @@ def test_the_bf16_kv_cache_variant_is_recorded_and_its_rounding_is_undone_afterw
     assert not rounded.equal(before) and after.equal(before)
 
 
-def test_the_int8_weights_variant_grades_the_rounding_serving_runs_and_undoes_it(store):
-    """``aieng eval --dtype int8``: the layers' and the output projection's weights rounded as
-    AIENG_WEIGHT_FORMATS=int8 rounds them, recorded with its delta; the model is left as it was."""
+@pytest.mark.parametrize("variant", ["int8_weights", "int4_weights"])
+def test_a_weights_variant_grades_the_rounding_serving_runs_and_undoes_it(store, variant):
+    """``aieng eval --dtype int8|int4``: the layers' and the output projection's weights (and, for
+    int4, their inputs) rounded as AIENG_WEIGHT_FORMATS rounds them, recorded with its delta; the
+    model is left as it was."""
     import torch
 
-    from aieng.engine.native.int8_weights import dequantize, int8_linears, quantize
+    from aieng.engine.native import int4_weights, int8_weights
     from aieng.loading.loader import load_version
 
     ref = ModelRef("tiny", "1")
     base = evaluate_version(store, ref, n_per_family=4)
-    result = evaluate_version(store, ref, n_per_family=4, variant="int8_weights")
-    entry = store.manifest(ref).eval["variants"]["int8_weights"]
-    assert result["variant"] == "int8_weights" and entry["metrics"] == result["metrics"]
+    result = evaluate_version(store, ref, n_per_family=4, variant=variant)
+    entry = store.manifest(ref).eval["variants"][variant]
+    assert result["variant"] == variant and entry["metrics"] == result["metrics"]
     assert entry["delta"]["perplexity"] == pytest.approx(
         entry["metrics"]["perplexity"] - base["metrics"]["perplexity"], abs=1e-3
     )
 
+    fmt = int8_weights if variant == "int8_weights" else int4_weights
+    rounds_input = getattr(fmt, "round_input", lambda x: x)
     model = load_version(store, ref).model
     ids = torch.tensor([[5, 9, 11, 13, 17]])
     before = model(input_ids=ids).logits
-    with int8_linears(model):
+    with (fmt.int8_linears if fmt is int8_weights else fmt.int4_linears)(model):
         rounded = model(input_ids=ids).logits
-        down = model.model.layers[0].mlp.down_proj
+        down = model.model.layers[0].mlp.down_proj  # 64 inputs on the tiny model: both formats take it
         x = torch.randn(2, down.in_features)
-        torch.testing.assert_close(down(x), x @ dequantize(*quantize(down.weight)).T)
+        torch.testing.assert_close(down(x), rounds_input(x) @ fmt.dequantize(*fmt.quantize(down.weight)).T)
     after = model(input_ids=ids).logits
     assert not rounded.equal(before) and after.equal(before)
 

@@ -40,7 +40,10 @@ from dataclasses import dataclass, field, replace
 import torch
 import torch.nn.functional as F
 
-from aieng.engine.native import format_plan_cache, int8_weights, packed_weights
+from aieng.engine.native import format_plan_cache, packed_weights
+from aieng.engine.native.quantized import FORMATS as QUANTIZED_FORMATS
+from aieng.engine.native.quantized import fits_format, quantize_matrix, quantized_matvec
+from aieng.engine.native.weight_rounding import layer_linears, rounded_linears
 from aieng.host import container_limits
 from aieng.settings import WEIGHT_FORMATS
 
@@ -73,9 +76,10 @@ class FormatPlan:
     # Measured plans: the eager one-token step's fp32 time over its bf16 time (each format's faster
     # layout). Far from 1, the compiled one-row graphs need no race of their own (``clear_at_one_row``).
     one_row_margin: float | None = field(default=None, compare=False)
-    # Steps of up to this many tokens read the int8 copy (``int8_weights``; 0: no copy): the
-    # ``int8`` format, when it beat the float formats on this machine (``int8_plan``).
-    int8_rows: int = 0
+    # Steps of up to this many tokens read the copy in the quantised format ``quantized`` (``int8``
+    # or ``int4``; 0: no copy), when it beat the float formats on this machine (``quantized_plan``).
+    quantized_rows: int = 0
+    quantized: str = ""
 
     @classmethod
     def fixed(cls, bf16: bool) -> FormatPlan:
@@ -108,10 +112,11 @@ class FormatPlan:
 
     def describe(self) -> str:
         suffix = f" (oneDNN-packed from {self.packed_from} tokens)" if self.packed_from else ""
-        if self.int8_rows:
-            suffix += f"; int8 weights for steps of {self.int8_rows} token{'s' if self.int8_rows > 1 else ''}"
+        if self.quantized_rows:
+            rows = self.quantized_rows
+            suffix += f"; {self.quantized} weights for steps of {rows} token{'s' if rows > 1 else ''}"
         if not self.uses_bf16:
-            return f"fp32 weights for {'larger steps' if self.int8_rows else 'every step'}{suffix}"
+            return f"fp32 weights for {'larger steps' if self.quantized_rows else 'every step'}{suffix}"
         parts = [
             f"{'bf16' if bf16 else 'fp32'} from {count} token{'s' if count > 1 else ''}"
             for i, (count, bf16) in enumerate(self.bf16_from)
@@ -125,8 +130,8 @@ def format_plan(choice: str, model) -> FormatPlan:
     ``-packed`` format multiplies from oneDNN-packed copies at every step size (on the CPU)."""
     if choice == "auto":
         return measure_format_plan(model)
-    if choice == "int8":
-        return int8_plan(model, measure_format_plan(model))
+    if choice in QUANTIZED_FORMATS:
+        return quantized_plan(model, measure_format_plan(model), choice)
     if choice not in WEIGHT_FORMATS:
         raise ValueError(f"weight formats {choice!r}: use one of {', '.join(WEIGHT_FORMATS)}")
     bf16, packed = choice.startswith("bfloat16"), choice.endswith("-packed")
@@ -221,43 +226,52 @@ def measure_format_plan(model, *, repeats: int = 5, cached: bool = True) -> Form
     return result
 
 
-def int8_plan(model, plan: FormatPlan, *, repeats: int = 5) -> FormatPlan:
-    """``plan`` with one-token steps on int8 weights, if they beat the float formats there: the
-    decoder layers' matrices times one row, through aieng's kernels, int8 against the faster of
+def quantized_plan(model, plan: FormatPlan, name: str, *, repeats: int = 5) -> FormatPlan:
+    """``plan`` with one-token steps on weights in the quantised format ``name`` (``int8``,
+    ``int4``), if they beat the float formats there: the decoder layers' matrices times one row,
+    through aieng's kernels, the quantised format against the faster of
     fp32 and bf16 (the same bar as bf16 over fp32). Refused, with a log line, where they lose; an
     error where they cannot run (no kernels, a GPU, rows the kernel cannot take)."""
     from aieng.engine.native import kernels
     from aieng.errors import ConfigError
 
     weight = next(model.parameters())
-    why_not = "int8 weights run on the CPU" if weight.device.type != "cpu" else kernels.load()
+    why_not = f"{name} weights run on the CPU" if weight.device.type != "cpu" else kernels.load()
     matrices = [_layer_matrices(layer) for layer in model.model.layers]
-    if why_not is None and not all(int8_weights.fits(m) for m in matrices[0]):
-        why_not = "a weight row is not a multiple of 16 weights"
+    if why_not is None and not all(fits_format(name, m) for m in matrices[0]):
+        why_not = f"a weight row is not a multiple of {16 if name == 'int8' else 64} weights"
     if why_not is not None:
-        raise ConfigError(f"weight formats 'int8': not on this host ({why_not}); use auto")
+        raise ConfigError(f"weight formats {name!r}: not on this host ({why_not}); use auto")
     timed = [m for layer in matrices[: _streamed_layers(matrices)] for m in layer]
     with torch.inference_mode():
         bf16 = [m.to(torch.bfloat16) for m in timed]
-        int8 = [int8_weights.quantize(m) for m in timed]
+        stored = [quantize_matrix(name, m) for m in timed]
         x = {m.shape[1]: torch.randn(1, m.shape[1]) for m in timed}
         times = interleaved_medians(
             lambda: [torch.ops.aieng.matvec(x[m.shape[1]], m) for m in timed],
             lambda: [torch.ops.aieng.matvec(x[m.shape[1]], m) for m in bf16],
-            lambda: [torch.ops.aieng.matvec_int8(x[q.shape[1]], q, s) for q, s in int8],
+            lambda: [quantized_matvec(x[m.shape[1]], q, s) for m, (q, s) in zip(timed, stored)],
             rounds=repeats,
         )
-    chosen = int8_wins(min(times[:2]), times[2])
+    chosen = quantized_wins(min(times[:2]), times[2])
     log.info(
-        "int8 weights %s for one-token steps (the layers' matrices at one row: fp32 %.2f ms, bf16 %.2f ms, "
-        "int8 %.2f ms, %d of %d layers timed)",
+        "%s weights %s for one-token steps (the layers' matrices at one row: fp32 %.2f ms, bf16 %.2f ms, "
+        "%s %.2f ms, %d of %d layers timed)",
+        name,
         "chosen" if chosen else "refused: not clearly faster than the float formats here",
-        *(t * 1e3 for t in times),
+        *(t * 1e3 for t in times[:2]),
+        name,
+        times[2] * 1e3,
         len(timed) // 4,
         len(matrices),
-        extra={"event": "engine_weight_formats", "int8": chosen, "ms": [round(t * 1e3, 3) for t in times]},
+        extra={
+            "event": "engine_weight_formats",
+            "quantized": name,
+            "chosen": chosen,
+            "ms": [round(t * 1e3, 3) for t in times],
+        },
     )
-    return replace(plan, int8_rows=1) if chosen else plan
+    return replace(plan, quantized_rows=1, quantized=name) if chosen else plan
 
 
 def _streamed_layers(per_layer: list[list[torch.Tensor]]) -> int:
@@ -330,9 +344,10 @@ def bf16_wins(fp32_s: float, bf16_s: float) -> bool:
     return bf16_s < 0.95 * fp32_s and fp32_s - bf16_s >= MIN_SAVING_S
 
 
-def int8_wins(float_s: float, int8_s: float) -> bool:
-    """int8 must win as clearly as bf16 must over fp32 (``bf16_wins``): it costs more accuracy."""
-    return bf16_wins(float_s, int8_s)
+def quantized_wins(float_s: float, quantized_s: float) -> bool:
+    """A quantised format must win as clearly as bf16 must over fp32 (``bf16_wins``): it costs
+    more accuracy."""
+    return bf16_wins(float_s, quantized_s)
 
 
 def interleaved_medians(*runs: Callable[[], object], rounds: int) -> tuple[float, ...]:
@@ -378,6 +393,6 @@ def bf16_linears(model):
     """Run the decoder layers' Linear layers as the engine's bf16 format does: inputs and weights
     rounded to bf16, the product back in fp32 (the LM head stays fp32, as in the engine).
     For ``aieng eval --dtype bfloat16``: it measures the accuracy of exactly what serving runs."""
-    modules = int8_weights.layer_linears(model)
-    with int8_weights.rounded_linears(modules, lambda w: w.detach().to(torch.bfloat16), torch.bfloat16):
+    modules = layer_linears(model)
+    with rounded_linears(modules, lambda w: w.detach().to(torch.bfloat16), torch.bfloat16):
         yield model

@@ -22,6 +22,7 @@ import torch
 from aieng.engine.native.compile_marks import compile_settings, mark_cache_dynamic
 from aieng.engine.native.formats import bf16_wins, interleaved_medians
 from aieng.engine.native.llama import AttentionPlan, causal_decode_mask
+from aieng.engine.native.quantized import format_of
 from aieng.engine.native.slots import SlotKVCache
 
 log = logging.getLogger("aieng.engine")
@@ -30,22 +31,22 @@ log = logging.getLogger("aieng.engine")
 class GraphShape(NamedTuple):
     """A compiled graph of the decoder stack: ``rows`` decode rows (1, or 2 standing for any count
     from 2), ``chunks`` prompt chunks in the same step (0, 1, or 2 for any count from 2: torch
-    specialises sizes 0 and 1, so each is a graph of its own) and the weights' format (``int8``:
-    the int8 copy, only ever one row)."""
+    specialises sizes 0 and 1, so each is a graph of its own) and the weights' format (``quantized``:
+    the quantised copy's format, ``int8`` or ``int4``, only ever one row; "" for the float ones)."""
 
     rows: int
     chunks: int
     bf16: bool
-    int8: bool = False
+    quantized: str = ""
 
     @classmethod
-    def of(cls, rows: int, chunks: int, bf16: bool, int8: bool = False) -> GraphShape:
-        return cls(min(rows, 2), min(chunks, 2), bf16 and not int8, int8)
+    def of(cls, rows: int, chunks: int, bf16: bool, quantized: str = "") -> GraphShape:
+        return cls(min(rows, 2), min(chunks, 2), bf16 and not quantized, quantized)
 
     def describe(self) -> str:
         rows = "1 decode row" if self.rows == 1 else "2+ decode rows"
         chunks = ["", " and a prompt chunk", " and 2+ prompt chunks"][self.chunks]
-        return f"{rows}{chunks}, {'int8' if self.int8 else 'bf16' if self.bf16 else 'fp32'} weights"
+        return f"{rows}{chunks}, {self.quantized or ('bf16' if self.bf16 else 'fp32')} weights"
 
 
 def compile_shapes(runner) -> list[GraphShape]:
@@ -60,8 +61,8 @@ def compile_shapes(runner) -> list[GraphShape]:
     count its format starts at: the measured plan moves between restarts, and a graph built at
     the plan's own threshold would miss the compile cache. Steps with no graph run eagerly."""
     formats = runner.formats
-    if runner.int8_rows:
-        shapes = [GraphShape(1, 0, False, True)]  # int8_plan timed it against the float formats
+    if runner.quantized_rows:
+        shapes = [GraphShape(1, 0, False, runner.quantized_format)]  # quantized_plan timed it against the floats
     elif formats.measured and runner.net.layers_bf16 is not None and not formats.clear_at_one_row:
         shapes = [GraphShape(1, 0, False), GraphShape(1, 0, True)]  # build_graphs keeps the faster
     else:
@@ -99,21 +100,21 @@ def build_graphs(runner, progress: Callable[[str], None] = lambda detail: None) 
                 scratch_step(runner, scratch, shape, size)
     if GraphShape(1, 0, False) in shapes and GraphShape(1, 0, True) in shapes and runner.timed_one_row_bf16 is None:
         runner.timed_one_row_bf16 = _faster_one_row_format(runner, scratch)
-    build_head(runner.net, bf16=runner.one_row_bf16, int8=bool(runner.int8_rows), progress=progress)
+    build_head(runner.net, bf16=runner.one_row_bf16, quantized=bool(runner.quantized_rows), progress=progress)
     if not runner.one_row_bf16 and not runner.formats.uses_bf16:
         runner.net.layers_bf16 = None  # no step uses the copy: give its memory back
         runner.net.lm_head_bf16 = None
     return time.perf_counter() - start
 
 
-def build_head(net, *, bf16: bool, progress: Callable[[str], None], int8: bool = False) -> None:
+def build_head(net, *, bf16: bool, progress: Callable[[str], None], quantized: bool = False) -> None:
     """Compile the one-row output projection in the one-row step's format (``one_row_logits``)."""
     if net.compiled_head is None:
         return
-    int8 = int8 and net.lm_head_int8 is not None
-    progress(f"compiling the output projection: 1 row, {'int8' if int8 else 'bf16' if bf16 else 'fp32'} weights")
+    head, scales = net.lm_head_quantized if quantized and net.lm_head_quantized is not None else (net.head(bf16), None)
+    kind = format_of(head) if scales is not None else "bf16" if bf16 else "fp32"
+    progress(f"compiling the output projection: 1 row, {kind} weights")
     hidden = torch.zeros(1, net.final_norm.shape[0], dtype=net.dtype, device=net.lm_head.device)
-    head, scales = net.lm_head_int8 if int8 else (net.head(bf16), None)
     with compile_settings():
         net.compiled_head(hidden, net.final_norm, net.final_eps, head, net.dims.matvec_kernel, scales)
     net.head_ready = True
@@ -136,7 +137,14 @@ def scratch_step(runner, scratch: SlotKVCache, shape: GraphShape, size: int) -> 
         prefill_tokens = torch.zeros(shape.chunks, width, dtype=torch.long, device=device)
     tokens = torch.zeros(rows, dtype=torch.long, device=device)
     runner.net.hidden(
-        plan, scratch, tokens, prefill_tokens, rotary_pos, bf16=shape.bf16, int8=shape.int8, compiled=True
+        plan,
+        scratch,
+        tokens,
+        prefill_tokens,
+        rotary_pos,
+        bf16=shape.bf16,
+        quantized=bool(shape.quantized),
+        compiled=True,
     )
 
 

@@ -16,10 +16,10 @@ steps): with more rows a step is bound by arithmetic, not reads, and runs in the
 from __future__ import annotations
 
 import contextlib
-from dataclasses import replace
 
 import torch
-import torch.nn.functional as F
+
+from aieng.engine.native.weight_rounding import layer_linears, rounded_linears
 
 GROUP_SIZES = (128, 64, 32, 16)  # the largest that divides a row is used; 16 floats is the kernel's vector
 
@@ -51,23 +51,6 @@ def fits(matrix: torch.Tensor) -> bool:
     return matrix.device.type == "cpu" and matrix.dim() == 2 and group_size(matrix.shape[1]) is not None
 
 
-def int8_layer(weights):
-    """``LayerWeights`` with its four matrices in int8 and their scales beside them (norms and biases
-    as they are)."""
-    qkv, o, gate_up, down = (quantize(m) for m in weights.matrices)
-    return replace(
-        weights,
-        qkv=qkv[0],
-        o=o[0],
-        gate_up=gate_up[0],
-        down=down[0],
-        qkv_scales=qkv[1],
-        o_scales=o[1],
-        gate_up_scales=gate_up[1],
-        down_scales=down[1],
-    )
-
-
 @contextlib.contextmanager
 def int8_linears(model):
     """Run the decoder layers' Linear layers and the output projection on weights rounded as the
@@ -76,30 +59,3 @@ def int8_linears(model):
     modules = [m for m in layer_linears(model) + [model.get_output_embeddings()] if fits(m.weight)]
     with rounded_linears(modules, lambda w: dequantize(*quantize(w)).to(w.dtype)):
         yield model
-
-
-def layer_linears(model) -> list[torch.nn.Linear]:
-    """Every Linear of the decoder layers (the output projection is not one of them)."""
-    return [m for layer in model.model.layers for m in layer.modules() if isinstance(m, torch.nn.Linear)]
-
-
-@contextlib.contextmanager
-def rounded_linears(modules, round_weight, input_dtype: torch.dtype | None = None):
-    """Run each Linear of ``modules`` on ``round_weight(its weight)`` (and its input in
-    ``input_dtype``), the product back in the input's dtype, the bias added after; as before on exit.
-    What ``aieng eval --dtype`` grades a weight format with."""
-    patched = []
-    for module in modules:
-        rounded = round_weight(module.weight)
-
-        def forward(x, module=module, rounded=rounded):
-            out = F.linear(x if input_dtype is None else x.to(input_dtype), rounded).to(x.dtype)
-            return out if module.bias is None else out + module.bias
-
-        module.forward = forward
-        patched.append(module)
-    try:
-        yield
-    finally:
-        for module in patched:
-            del module.forward  # back to the class's forward

@@ -43,6 +43,7 @@ import torch
 import torch.nn.functional as F
 
 from aieng.engine.native import kernels
+from aieng.engine.native.quantized import quantized_matvec
 
 
 @dataclass
@@ -50,8 +51,8 @@ class LayerWeights:
     """One decoder layer, projections fused: qkv [(H + 2·KV)·d, D] and gate|up [2·I, D]. Each
     projection's bias is None where its module has none (Llama's ``attention_bias`` biases all four
     attention projections, o included; ``mlp_bias`` all three MLP ones; Qwen2 biases q, k, v only).
-    In the ``int8`` format the matrices are int8 and each has its scales (``int8_weights``); else
-    the scales are None."""
+    In a quantised format (``quantized``) the matrices are stored in its dtype and each has its
+    scales; else the scales are None."""
 
     qkv: torch.Tensor
     qkv_bias: torch.Tensor | None
@@ -84,7 +85,7 @@ class LayerWeights:
 
     @property
     def scales(self) -> tuple[torch.Tensor, ...]:
-        """The int8 matrices' scales, in the order of ``matrices`` (none in a float format)."""
+        """The quantised matrices' scales, in the order of ``matrices`` (none in a float format)."""
         return tuple(
             s for s in (self.qkv_scales, self.o_scales, self.gate_up_scales, self.down_scales) if s is not None
         )
@@ -205,8 +206,8 @@ def linear(
 ) -> torch.Tensor:
     """``x @ weight.T`` in the weight's dtype, result in ``x``'s (fp32 activations throughout).
 
-    int8 weights come with their ``scales`` and always go through ``aieng::matvec_int8`` (the
-    runner gives them only to steps of a few rows).
+    Quantised weights come with their ``scales`` and always go through their kernel
+    (``quantized_matvec``; the runner gives them only to steps of a few rows).
 
     With aieng's kernels, the product is ``aieng::matvec``: a few rows, bound by how fast the
     weights stream, run in its kernel and more rows in ``at::linear`` (it decides per call, so a
@@ -216,7 +217,7 @@ def linear(
     rows (also per call), and only the rows ``few_rows`` sees at trace time through the kernel."""
     packed_from = dims.packed_from
     if scales is not None:
-        out = torch.ops.aieng.matvec_int8(x.float(), weight, scales).to(x.dtype)
+        out = quantized_matvec(x.float(), weight, scales).to(x.dtype)
     elif dims.matvec_kernel and kernels.matvec_fits(weight) and (not packed_from or few_rows(x)):
         out = torch.ops.aieng.matvec(x.float(), weight).to(x.dtype)
     elif x.shape[0] == 1 and torch.compiler.is_compiling():
@@ -268,7 +269,7 @@ def one_row_logits(
     without it, ``streamed_matvec``), not the BLAS kernel built for matrices."""
     normed = rms_norm(hidden, norm, eps)
     if head_scales is not None:
-        return torch.ops.aieng.matvec_int8(normed.float(), head, head_scales)
+        return quantized_matvec(normed.float(), head, head_scales)
     if matvec_kernel and kernels.matvec_fits(head):
         return torch.ops.aieng.matvec(normed.float(), head)
     return streamed_matvec(normed, head)

@@ -1,6 +1,6 @@
 """The weights of a transformers Llama-family model, arranged once for the serving forward
 (``llama``): the layers' projections fused (q|k|v, gate|up) with every bias their modules carry,
-an optional bf16 copy, an optional int8 copy (``int8_weights``), oneDNN-packed copies where the
+an optional bf16 copy, an optional quantised copy (``quantized``: int8 or int4), oneDNN-packed copies where the
 format plan uses them, the rotary table for the served context, and the compiled stack of decoder
 layers.
 """
@@ -12,7 +12,7 @@ import logging
 import torch
 import torch.nn.functional as F
 
-from aieng.engine.native import int8_weights, kernels, packed_weights
+from aieng.engine.native import kernels, packed_weights
 from aieng.engine.native.compile_marks import mark_step_dynamic, own_copy
 from aieng.engine.native.llama import (
     AttentionPlan,
@@ -24,6 +24,7 @@ from aieng.engine.native.llama import (
     rms_norm,
     run_layers,
 )
+from aieng.engine.native.quantized import fits_format, quantize_matrix, quantized_layer, quantized_matvec
 from aieng.model_facts import head_dim, kv_heads
 
 log = logging.getLogger("aieng.engine")
@@ -42,12 +43,13 @@ class NativeLlama:
         matvec_kernel: bool = False,
         packed_from: int = 0,
         packed_formats: frozenset[bool] = frozenset(),
-        int8_copy: bool = False,
+        quantized_copy: str = "",
     ):
         """``packed_from``: multiply from oneDNN-packed copies of the layers' matrices in steps of
         at least that many tokens (``FormatPlan.packed_from``; 0: never); ``packed_formats``: the
-        formats (bf16 or not) such steps run in, the only ones packed. ``int8_copy``: keep the
-        layers and the output projection in the ``int8`` format too, for steps of one row."""
+        formats (bf16 or not) such steps run in, the only ones packed. ``quantized_copy``: keep the
+        layers and the output projection in that quantised format too (``int8``, ``int4``; "": no
+        copy), for steps of one row."""
         config, inner = model.config, model.model
         self.model = model
         self.embed = inner.embed_tokens
@@ -73,9 +75,11 @@ class NativeLlama:
         self.lm_head_bf16 = (
             self.lm_head.to(torch.bfloat16) if bf16_copy and self.lm_head.dtype != torch.bfloat16 else None
         )
-        self.layers_int8 = [int8_weights.int8_layer(w) for w in self.layers] if int8_copy else None
-        self.lm_head_int8 = (
-            int8_weights.quantize(self.lm_head) if int8_copy and int8_weights.fits(self.lm_head) else None
+        self.layers_quantized = [quantized_layer(w, quantized_copy) for w in self.layers] if quantized_copy else None
+        self.lm_head_quantized = (
+            quantize_matrix(quantized_copy, self.lm_head)
+            if quantized_copy and fits_format(quantized_copy, self.lm_head)
+            else None
         )
         for bf16 in packed_formats if packed_from else ():
             for w in self.weights(bf16):
@@ -113,7 +117,7 @@ class NativeLlama:
         def of(layers):
             return None if layers is None else (tuple((t.shape, t.dtype) for t in layers[0].matrices), layers[0].biased)
 
-        return self.dims, self.num_layers, self.dtype, of(self.layers), of(self.layers_bf16), of(self.layers_int8)
+        return self.dims, self.num_layers, self.dtype, of(self.layers), of(self.layers_bf16), of(self.layers_quantized)
 
     def share_graphs(self, other: NativeLlama) -> bool:
         """Use ``other``'s compiled stack when the layouts match: a hot swap to a version of the
@@ -124,9 +128,9 @@ class NativeLlama:
         self.compiled_head, self.head_ready = other.compiled_head, other.head_ready
         return True
 
-    def weights(self, bf16: bool, int8: bool = False) -> list[LayerWeights]:
-        if int8 and self.layers_int8 is not None:
-            return self.layers_int8
+    def weights(self, bf16: bool, quantized: bool = False) -> list[LayerWeights]:
+        if quantized and self.layers_quantized is not None:
+            return self.layers_quantized
         return self.layers_bf16 if bf16 and self.layers_bf16 is not None else self.layers
 
     def hidden(
@@ -139,7 +143,7 @@ class NativeLlama:
         *,
         bf16: bool,
         compiled: bool,
-        int8: bool = False,
+        quantized: bool = False,
     ) -> torch.Tensor:
         """Run every layer over the decode tokens [B] (at ``plan.decode_pos``) and the prompt
         chunks' tokens [n, C] at rotary positions [n, C]; the final hidden states [B + n·C, D],
@@ -155,7 +159,7 @@ class NativeLlama:
                 t.view(n, chunk, 1, -1) for t in self.rotary_at(xp.flatten(0, 1), prefill_positions.flatten())
             )
         rotary = (cos_d, sin_d, cos_p, sin_p)
-        layers = self.weights(bf16, int8)
+        layers = self.weights(bf16, quantized)
         if compiled and self.compiled_stack is not None:
             mark_step_dynamic(xd, xp, rotary, plan)
             xd, xp = self.compiled_stack(xd, xp, rotary, layers, self.dims, cache.keys, cache.values, plan)
@@ -191,15 +195,15 @@ class NativeLlama:
         return self.lm_head_bf16 if bf16 and self.lm_head_bf16 is not None else self.lm_head
 
     def logits(
-        self, hidden: torch.Tensor, *, bf16: bool = False, compiled: bool = False, int8: bool = False
+        self, hidden: torch.Tensor, *, bf16: bool = False, compiled: bool = False, quantized: bool = False
     ) -> torch.Tensor:
         """fp32 logits [N, vocab] of final hidden states [N, D]; ``bf16``: the projection reads the
         bf16 copy of the output matrix, when there is one (half the bytes of an fp32 model's);
-        ``int8``: a few rows read the int8 copy, when there is one; ``compiled``: one row goes
+        ``quantized``: a few rows read the quantised copy, when there is one; ``compiled``: one row goes
         through the compiled projection once it is built."""
         head, scales = self.head(bf16), None
-        if int8 and self.lm_head_int8 is not None and hidden.shape[0] <= kernels.MATVEC_MAX_ROWS:
-            head, scales = self.lm_head_int8
+        if quantized and self.lm_head_quantized is not None and hidden.shape[0] <= kernels.MATVEC_MAX_ROWS:
+            head, scales = self.lm_head_quantized
         if compiled and self.head_ready and hidden.shape[0] == 1:
             try:
                 return self.compiled_head(
@@ -214,17 +218,17 @@ class NativeLlama:
                 self.head_ready = False
         normed = rms_norm(hidden, self.final_norm, self.final_eps)
         if scales is not None:
-            return torch.ops.aieng.matvec_int8(normed.float(), head, scales)
+            return quantized_matvec(normed.float(), head, scales)
         if self.dims.matvec_kernel and few_rows(normed) and kernels.matvec_fits(head):
             return torch.ops.aieng.matvec(normed.float(), head)
         return F.linear(normed.to(head.dtype), head).float()
 
-    def step_bytes(self, *, bf16: bool, int8: bool = False) -> int:
-        """Bytes of weights a one-row step reads: every layer's matrices (and int8 scales) and the
+    def step_bytes(self, *, bf16: bool, quantized: bool = False) -> int:
+        """Bytes of weights a one-row step reads: every layer's matrices (and quantised scales) and the
         output projection, in the format it runs in; the ceiling of a batch-1 step is memory
         bandwidth over this."""
-        layers = sum(m.nbytes for w in self.weights(bf16, int8) for m in w.matrices + w.scales)
-        head = self.lm_head_int8 if int8 and self.lm_head_int8 is not None else (self.head(bf16),)
+        layers = sum(m.nbytes for w in self.weights(bf16, quantized) for m in w.matrices + w.scales)
+        head = self.lm_head_quantized if quantized and self.lm_head_quantized is not None else (self.head(bf16),)
         return layers + sum(t.nbytes for t in head)
 
 

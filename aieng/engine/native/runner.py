@@ -78,7 +78,7 @@ class NativeRunner:
             matvec_kernel=matvec_kernel,
             packed_from=packed_from,
             packed_formats=frozenset(formats.formats_from(packed_from)),
-            int8_copy=bool(formats.int8_rows) and matvec_kernel,
+            quantized_copy=formats.quantized if formats.quantized_rows and matvec_kernel else "",
         )
         self.net.build_rotary_table(context_length + 1)  # + the scratch column
         dims = self.net.dims
@@ -146,7 +146,7 @@ class NativeRunner:
         return {"rewarms": 0, "compile_fallbacks": int(self.compile_failed)}
 
     def describe(self, config) -> RunnerChoices:
-        one_row = "int8" if self.int8_rows else "bf16" if self.one_row_bf16 else "fp32"
+        one_row = self.quantized_format or ("bf16" if self.one_row_bf16 else "fp32")
         weights = (
             f"{self.formats.describe()}; one-row steps in {one_row} "
             f"({setting_said('AIENG_WEIGHT_FORMATS', config.weight_formats)})"
@@ -168,18 +168,23 @@ class NativeRunner:
         )
 
     def one_row_step_bytes(self) -> int:
-        return self.net.step_bytes(bf16=self.one_row_bf16, int8=bool(self.int8_rows))
+        return self.net.step_bytes(bf16=self.one_row_bf16, quantized=bool(self.quantized_rows))
 
     @property
-    def int8_rows(self) -> int:
-        """Steps of up to this many tokens read the int8 copy (0: there is none)."""
-        return self.formats.int8_rows if self.net.layers_int8 is not None else 0
+    def quantized_rows(self) -> int:
+        """Steps of up to this many tokens read the quantised copy (0: there is none)."""
+        return self.formats.quantized_rows if self.net.layers_quantized is not None else 0
+
+    @property
+    def quantized_format(self) -> str:
+        """``int8`` or ``int4`` when one-row steps read a quantised copy, else ""."""
+        return self.formats.quantized if self.quantized_rows else ""
 
     @property
     def one_row_bf16(self) -> bool:
         """The compiled one-row step's float format: as build_graphs timed it, else the eager plan's
-        (False when it reads int8 weights)."""
-        if self.int8_rows:
+        (False when it reads quantised weights)."""
+        if self.quantized_rows:
             return False
         return self.formats.use_bf16(1) if self.timed_one_row_bf16 is None else self.timed_one_row_bf16
 
@@ -316,11 +321,17 @@ class NativeRunner:
         n_tokens = b + len(chunks) * prefill.get("width", 0)
         graph = self._graph_for(b, len(chunks), n_tokens, first)
         bf16 = graph.bf16 if graph else self.formats.use_bf16(n_tokens)
-        int8 = graph.int8 if graph else n_tokens <= self.int8_rows
+        quantized = bool(graph.quantized) if graph else n_tokens <= self.quantized_rows
         self.steps_by_graph[graph] += 1
         compiled = graph is not None
         hidden = self._layers(
-            plan, tokens, prefill.get("tokens"), prefill.get("rotary_pos"), bf16=bf16, int8=int8, compiled=compiled
+            plan,
+            tokens,
+            prefill.get("tokens"),
+            prefill.get("rotary_pos"),
+            bf16=bf16,
+            quantized=quantized,
+            compiled=compiled,
         )
         # Only now, with the forward done, do the rows' lengths move: a failed call changes nothing.
         for slot, token in zip(range(first, first + b), decode_tokens):
@@ -334,9 +345,9 @@ class NativeRunner:
         logits = None
         if picks:
             head_bf16 = self.one_row_bf16 if len(picks) == 1 else self.formats.use_bf16(len(picks))
-            int8 = len(picks) <= self.int8_rows
+            quantized = len(picks) <= self.quantized_rows
             rows = hidden[torch.tensor(picks, device=device)]
-            logits = self.net.logits(rows, bf16=head_bf16, compiled=self.compiled, int8=int8)
+            logits = self.net.logits(rows, bf16=head_bf16, compiled=self.compiled, quantized=quantized)
         self.head_s = time.perf_counter() - head_start
         decode_logits = logits[:b] if b else None
         prefill_logits = logits[b:] if logits is not None and len(picks) > b else None
@@ -350,14 +361,14 @@ class NativeRunner:
         if not self.compiled or first or not rows:
             return None
         bf16 = self.one_row_bf16 if tokens == 1 else self.formats.use_bf16(tokens)
-        shape = GraphShape.of(rows, chunks, bf16, int8=tokens <= self.int8_rows)
+        shape = GraphShape.of(rows, chunks, bf16, self.quantized_format if tokens <= self.quantized_rows else "")
         return shape if shape in self.graph_shapes else None
 
-    def _layers(self, plan, *tokens, bf16: bool, int8: bool, compiled: bool) -> torch.Tensor:
+    def _layers(self, plan, *tokens, bf16: bool, quantized: bool, compiled: bool) -> torch.Tensor:
         if not compiled:
-            return self.net.hidden(plan, self.cache, *tokens, bf16=bf16, int8=int8, compiled=False)
+            return self.net.hidden(plan, self.cache, *tokens, bf16=bf16, quantized=quantized, compiled=False)
         try:
-            return self.net.hidden(plan, self.cache, *tokens, bf16=bf16, int8=int8, compiled=True)
+            return self.net.hidden(plan, self.cache, *tokens, bf16=bf16, quantized=quantized, compiled=True)
         except torch._dynamo.exc.TorchDynamoException as exc:  # includes inductor's errors
             log.warning(
                 "the compiled decoder layer failed (%s); continuing eagerly",
@@ -365,7 +376,7 @@ class NativeRunner:
                 extra={"event": "engine_compile_fallback"},
             )
             self.compile_failed = True
-            return self.net.hidden(plan, self.cache, *tokens, bf16=bf16, int8=int8, compiled=False)
+            return self.net.hidden(plan, self.cache, *tokens, bf16=bf16, quantized=quantized, compiled=False)
 
     # -- compilation (graphs.py) ----------------------------------------------------------------
     @functools.cached_property

@@ -5,7 +5,7 @@
   for a decode query of a few rows it reads the cache at well under the machine's memory
   bandwidth, and at batch 1 it has only as many units of work as KV heads. At long context that
   read is what a decode step grows by (``aieng bench context``).
-- ``torch.ops.aieng.matvec`` and ``matvec_int8`` (``matvec.cpp``), a few rows times a weight
+- ``torch.ops.aieng.matvec``, ``matvec_int8`` and ``matvec_int4`` (``matvec.cpp``), a few rows times a weight
   matrix: the projections of a batch-1 step, which read every weight once and are bound by how
   fast the weights stream (``aieng bench memory`` measures the ceiling; ``aieng bench engine``
   reports a batch-1 step's share of it).
@@ -66,12 +66,23 @@ def arch_flags() -> list[str]:
             "-mavx512dq",
             "-mfma",
             "-mf16c",
+            *(["-mavx512vnni"] if "avx512_vnni" in cpu_flags() else []),  # 4-bit weights' integer dot products
             "-DCPU_CAPABILITY=AVX512",
             "-DCPU_CAPABILITY_AVX512",
         ]
     if capability == "AVX2":
         return ["-mavx2", "-mfma", "-mf16c", "-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2"]
     return []
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags as Linux lists them (empty elsewhere): for the few instructions
+    PyTorch's capability level does not imply, such as AVX-512 VNNI."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
+    except OSError:
+        return set()
 
 
 def compiler() -> str | None:
@@ -148,6 +159,7 @@ def load() -> str | None:
             torch.library.register_fake("aieng::decode_attention")(_decode_attention_shape)
             torch.library.register_fake("aieng::matvec")(_matvec_shape)
             torch.library.register_fake("aieng::matvec_int8")(_matvec_int8_shape)
+            torch.library.register_fake("aieng::matvec_int4")(_matvec_int8_shape)
             _state["loaded"] = True
         except Exception as exc:  # noqa: BLE001 - any failure means: serve with PyTorch's attention
             _state["error"] = f"{type(exc).__name__}: {exc}"
