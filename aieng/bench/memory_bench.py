@@ -122,7 +122,8 @@ def report(result: MemoryBandwidth, model: tuple[str, int] | None = None) -> lis
     ]
     if model is not None:
         label, parameters = model
-        for name, element_bytes in (("float32", 4), ("bfloat16", 2), ("int8", 1)):
+        # int8 and int4 with their fp32 scales (a group of 128 int8 weights, of 32 int4 ones)
+        for name, element_bytes in (("float32", 4), ("bfloat16", 2), ("int8", 1 + 4 / 128), ("int4", 0.5 + 4 / 32)):
             step = parameters * element_bytes
             lines.append(
                 f"{label} in {name} reads {step / 1e6:.0f} MB a step: at most "

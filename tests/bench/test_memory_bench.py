@@ -17,7 +17,8 @@ def test_the_ceiling_is_the_read_bandwidth_over_the_bytes_a_step_reads():
     assert result.ceiling_tok_s(250_000_000) == pytest.approx(100.0)  # 25 GB/s over 250 MB a step
     assert result.share(60.0, 250_000_000) == pytest.approx(0.6)
     lines = report(result, ("m", 100_000_000))
-    assert "100 MB a step: at most 250 tokens/s" in lines[-1]  # int8: one byte a parameter
+    assert "103 MB a step: at most 242 tokens/s" in lines[-2]  # int8: a byte a parameter, a scale per 128
+    assert "in int4 reads 62 MB a step: at most 400 tokens/s" in lines[-1]  # half a byte, a scale per 32
     assert "400 MB a step: at most 62 tokens/s" in lines[3]  # float32
     assert "20.0 GB/s, 80% of the read bandwidth" in lines[2]
     unbuilt = report(MemoryBandwidth(2, 2**20, 1, 25.0, 15.0))
