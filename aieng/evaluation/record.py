@@ -133,11 +133,10 @@ def evaluate_version(
         model = quantize_int8(model)
     if variant in ("bfloat16", "int8_weights", "int4_weights"):
         from aieng.engine.native.formats import bf16_linears
-        from aieng.engine.native.int4_weights import int4_linears
-        from aieng.engine.native.int8_weights import int8_linears
+        from aieng.engine.native.quantized import quantized_linears
 
-        rounding = {"bfloat16": bf16_linears, "int8_weights": int8_linears, "int4_weights": int4_linears}[variant]
-        with rounding(model):
+        rounding = bf16_linears(model) if variant == "bfloat16" else quantized_linears(model, variant.split("_")[0])
+        with rounding:
             report = evaluate(model, loaded.tokenizer, chosen, per_family=n_per_family)
     elif variant == "kv_bfloat16":
         from aieng.evaluation.kv_rounding import bf16_kv_rounding

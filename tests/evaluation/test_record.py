@@ -80,6 +80,7 @@ def test_a_weights_variant_grades_the_rounding_serving_runs_and_undoes_it(store,
     import torch
 
     from aieng.engine.native import int4_weights, int8_weights
+    from aieng.engine.native.quantized import quantized_linears
     from aieng.loading.loader import load_version
 
     ref = ModelRef("tiny", "1")
@@ -96,7 +97,7 @@ def test_a_weights_variant_grades_the_rounding_serving_runs_and_undoes_it(store,
     model = load_version(store, ref).model
     ids = torch.tensor([[5, 9, 11, 13, 17]])
     before = model(input_ids=ids).logits
-    with (fmt.int8_linears if fmt is int8_weights else fmt.int4_linears)(model):
+    with quantized_linears(model, variant.split("_")[0]):
         rounded = model(input_ids=ids).logits
         down = model.model.layers[0].mlp.down_proj  # 64 inputs on the tiny model: both formats take it
         x = torch.randn(2, down.in_features)

@@ -42,7 +42,7 @@ import torch.nn.functional as F
 
 from aieng.engine.native import format_plan_cache, packed_weights
 from aieng.engine.native.quantized import FORMATS as QUANTIZED_FORMATS
-from aieng.engine.native.quantized import fits_format, quantize_matrix, quantized_matvec
+from aieng.engine.native.quantized import fits_format, quantize_matrix, quantized_matvec, row_multiple
 from aieng.engine.native.weight_rounding import layer_linears, rounded_linears
 from aieng.host import container_limits
 from aieng.settings import WEIGHT_FORMATS
@@ -239,7 +239,7 @@ def quantized_plan(model, plan: FormatPlan, name: str, *, repeats: int = 5) -> F
     why_not = f"{name} weights run on the CPU" if weight.device.type != "cpu" else kernels.load()
     matrices = [_layer_matrices(layer) for layer in model.model.layers]
     if why_not is None and not all(fits_format(name, m) for m in matrices[0]):
-        why_not = f"a weight row is not a multiple of {16 if name == 'int8' else 64} weights"
+        why_not = f"a weight row is not a multiple of {row_multiple(name)} weights"
     if why_not is not None:
         raise ConfigError(f"weight formats {name!r}: not on this host ({why_not}); use auto")
     timed = [m for layer in matrices[: _streamed_layers(matrices)] for m in layer]

@@ -8,7 +8,7 @@ than the memory saves on two cores. So ``aieng::matvec_int4`` rounds the step's 
 group of 32 values to int8 with its own scale, and multiplies integers (``kernels/matvec.cpp``).
 Both roundings cost accuracy, which is why the format is the operator's choice
 (``AIENG_WEIGHT_FORMATS=int4``), never ``auto``'s; ``aieng eval --dtype int4`` grades exactly the
-arithmetic the kernel does (``int4_linears``).
+arithmetic the kernel does (``quantized.quantized_linears``).
 
 Byte layout (what the kernel unpacks 64 weights at a time): row ``K`` weights are ``K / 64``
 chunks of 32 bytes; byte ``j`` of a chunk holds weight ``j`` of the chunk in its low nibble and
@@ -17,14 +17,11 @@ weight ``32 + j`` in its high one, each as ``q + 8``.
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
-
-from aieng.engine.native.weight_rounding import layer_linears, rounded_linears
 
 GROUP = 32  # weights per scale
 CHUNK = 64  # weights per 32 bytes: a row is a whole number of them
+ROW_MULTIPLE = CHUNK
 
 
 def fits(matrix: torch.Tensor) -> bool:
@@ -61,13 +58,3 @@ def round_input(x: torch.Tensor) -> torch.Tensor:
     largest = grouped.abs().amax(-1, keepdim=True)
     inverse = torch.where(largest > 0, 127.0 / largest, torch.zeros_like(largest))  # as the kernel computes it
     return (torch.round(grouped * inverse) * (largest / 127.0)).reshape(x.shape).to(x.dtype)
-
-
-@contextlib.contextmanager
-def int4_linears(model):
-    """Run the decoder layers' Linear layers and the output projection as the ``int4`` format does:
-    weights rounded to 4 bits, inputs to int8 per group of 32, sums in fp32. For
-    ``aieng eval --dtype int4``: it grades exactly what serving in that format computes."""
-    modules = [m for m in layer_linears(model) + [model.get_output_embeddings()] if fits(m.weight)]
-    with rounded_linears(modules, lambda w: dequantize(*quantize(w)).to(w.dtype), round_input=round_input):
-        yield model

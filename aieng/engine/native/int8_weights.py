@@ -10,18 +10,15 @@ without widening them in memory, the input and the sums stay fp32.
 
 Only steps of up to ``kernels.MATVEC_MAX_ROWS`` rows read them (the engine uses them for one-row
 steps): with more rows a step is bound by arithmetic, not reads, and runs in the float formats.
-``aieng eval --dtype int8`` grades exactly this rounding (``int8_linears``).
+``aieng eval --dtype int8`` grades exactly this rounding (``quantized.quantized_linears``).
 """
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 
-from aieng.engine.native.weight_rounding import layer_linears, rounded_linears
-
 GROUP_SIZES = (128, 64, 32, 16)  # the largest that divides a row is used; 16 floats is the kernel's vector
+ROW_MULTIPLE = GROUP_SIZES[-1]
 
 
 def group_size(columns: int) -> int | None:
@@ -49,13 +46,3 @@ def dequantize(q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
 
 def fits(matrix: torch.Tensor) -> bool:
     return matrix.device.type == "cpu" and matrix.dim() == 2 and group_size(matrix.shape[1]) is not None
-
-
-@contextlib.contextmanager
-def int8_linears(model):
-    """Run the decoder layers' Linear layers and the output projection on weights rounded as the
-    ``int8`` format rounds them (inputs and sums stay fp32, as in ``matvec_int8``). For
-    ``aieng eval --dtype int8``: it grades exactly what serving in that format computes."""
-    modules = [m for m in layer_linears(model) + [model.get_output_embeddings()] if fits(m.weight)]
-    with rounded_linears(modules, lambda w: dequantize(*quantize(w)).to(w.dtype)):
-        yield model

@@ -5,11 +5,13 @@ dtype with their scales beside them, so the forward takes any of them through ``
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import replace
 
 import torch
 
 from aieng.engine.native import int4_weights, int8_weights
+from aieng.engine.native.weight_rounding import layer_linears, rounded_linears
 
 FORMATS = {"int8": int8_weights, "int4": int4_weights}
 
@@ -46,6 +48,27 @@ def quantized_matvec(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor
     if weight.dtype == torch.uint8:
         return torch.ops.aieng.matvec_int4(x, weight, scales)
     return torch.ops.aieng.matvec_int8(x, weight, scales)
+
+
+def row_multiple(name: str) -> int:
+    """Format ``name`` takes rows of a whole number of this many weights."""
+    return FORMATS[name].ROW_MULTIPLE
+
+
+@contextlib.contextmanager
+def quantized_linears(model, name: str):
+    """Run the decoder layers' Linear layers and the output projection as format ``name`` computes
+    them: weights rounded by its ``quantize``, inputs by its ``round_input`` where it has one (int4),
+    sums in fp32. For ``aieng eval --dtype int8|int4``: it grades exactly what serving in that
+    format computes."""
+    fmt = FORMATS[name]
+    modules = [m for m in layer_linears(model) + [model.get_output_embeddings()] if fmt.fits(m.weight)]
+
+    def round_weight(w: torch.Tensor) -> torch.Tensor:
+        return fmt.dequantize(*fmt.quantize(w)).to(w.dtype)
+
+    with rounded_linears(modules, round_weight, round_input=getattr(fmt, "round_input", None)):
+        yield model
 
 
 def format_of(weight: torch.Tensor) -> str:
