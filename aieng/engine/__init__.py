@@ -13,18 +13,28 @@
 - ``serving_path``, ``serving_table``: which forward serves a configuration exactly, or why it is refused
 """
 
-from aieng.engine.config import EngineConfig
-from aieng.engine.engine import Engine
-from aieng.engine.params import GenerationResult, SamplingParams, validate_request
-from aieng.engine.request import GenerationRequest, StepResult, TokenEvent
+from __future__ import annotations
 
-__all__ = [
-    "Engine",
-    "EngineConfig",
-    "GenerationRequest",
-    "GenerationResult",
-    "SamplingParams",
-    "StepResult",
-    "TokenEvent",
-    "validate_request",
-]
+import importlib
+
+#: Where each public name lives. Imported on first use (PEP 562), so that importing a light
+#: submodule (``aieng.engine.params`` for the store, the suite file, a runbook) does not import torch.
+_HOMES = {
+    "Engine": "aieng.engine.engine",
+    "EngineConfig": "aieng.engine.config",
+    "GenerationRequest": "aieng.engine.request",
+    "GenerationResult": "aieng.engine.params",
+    "SamplingParams": "aieng.engine.params",
+    "StepResult": "aieng.engine.request",
+    "TokenEvent": "aieng.engine.request",
+    "validate_request": "aieng.engine.params",
+}
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str):
+    if name not in _HOMES:
+        raise AttributeError(f"module 'aieng.engine' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_HOMES[name]), name)
+    globals()[name] = value
+    return value

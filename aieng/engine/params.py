@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from aieng.engine.constraints import Constraint
 from aieng.errors import InvalidRequestError
+
+if TYPE_CHECKING:  # constraints.py imports torch; requests and the store read these without it
+    from aieng.engine.constraints import Constraint
 
 MAX_STOP_STRINGS = 4  # OpenAI's limit
 MAX_CHOICES = 16  # n: choices per request (each a row of the batch)
