@@ -22,6 +22,10 @@ unexport PYTHONDONTWRITEBYTECODE
 # tests before them filled (a worker of one thread compiles other kernels).
 FAST_TIERS := not server and not notebook and not perf
 PYTEST := $(BIN)/python -m pytest -p no:cacheprovider
+# `make test` runs on two pytest-xdist workers, whole files each, costliest first; a test that
+# measures time takes the machine alone (tests/machine_share.py). More workers would start more
+# servers than two cores hold.
+TEST_WORKERS ?= 2
 
 .PHONY: help install install-dev audit lint demo serve test test-fast lab book lock clean
 
@@ -78,7 +82,7 @@ serve: demo
 test: $(DEV_STAMP) demo audit
 	@if command -v promtool >/dev/null; then promtool check rules deploy/prometheus/alerts.yml; \
 	  else echo "promtool not found: alert rules unchecked (apt-get install prometheus)"; fi
-	$(PYTEST) tests --durations=25
+	$(PYTEST) tests -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25
 
 # While iterating: every test but those that start a real server, run a notebook or assert a timing
 # bound (the cost tiers of tests/conftest.py); `make test` runs them all.

@@ -30,6 +30,8 @@ from pathlib import Path
 
 import pytest
 
+from .machine_share import machine
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 #: Where the session builds the full demo model when nothing else provides one (git-ignored).
 DEMO_CACHE_DIR = REPO_ROOT / "var" / "cache" / "demo-model"
@@ -315,12 +317,27 @@ def cost_tier(item) -> str:
 _TIER_ROWS = pytest.StashKey[list]()
 
 
+def costliest_files_first(items: list) -> None:
+    """Order the files by the highest tier of their tests, costliest first, each file's tests kept
+    together and in order. Under ``-n 2 --dist loadfile`` a worker takes whole files in this order,
+    so the long files (the book, the release runbooks, the servers) start at once and the short
+    ones fill the gaps at the end, instead of one long file running alone on one core at the end.
+    """
+    rank: dict[str, int] = {}
+    for item in items:
+        tier = max((TIERS.index(m.name) for m in item.iter_markers() if m.name in TIERS), default=0)
+        rank[item.nodeid.split("::")[0]] = max(rank.get(item.nodeid.split("::")[0], 0), tier)
+    position = {id(item): index for index, item in enumerate(items)}
+    items.sort(key=lambda item: (-rank[item.nodeid.split("::")[0]], position[id(item)]))
+
+
 def pytest_collection_modifyitems(config, items):
     """Runs before ``-m`` deselects: the markers it adds are what ``-m`` selects on."""
     for item in items:
         tier = cost_tier(item)
         if not any(mark.name == tier for mark in item.iter_markers()):
             item.add_marker(tier)
+    costliest_files_first(items)
     rows = [
         {
             "nodeid": item.nodeid,
@@ -342,10 +359,20 @@ def collected_tiers(request) -> list[dict]:
 
 
 def pytest_configure(config):
-    """Under pytest-xdist (``make test-fast`` runs ``-n auto``: a worker per core) each worker gets
-    one torch thread: workers of several threads each on shared cores meet at torch's barriers and
-    wait on each other."""
+    """Under pytest-xdist (``make test`` runs two workers, ``make test-fast`` one per core) each
+    worker gets one torch thread, since workers of several threads each on shared cores meet at
+    torch's barriers and wait on each other, and claims its share of the machine per test (below)."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
         import torch
 
         torch.set_num_threads(1)
+    if hasattr(config, "workerinput"):  # an xdist worker (not a pytest run it started)
+        machine.configure(config.workerinput["testrunuid"])
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Setup, call and teardown under a shared claim on the machine, or alone for a test that
+    asserts a timing bound (``perf``): tests/machine_share.py."""
+    with machine.alone() if item.get_closest_marker("perf") else machine.shared():
+        yield

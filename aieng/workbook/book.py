@@ -26,6 +26,8 @@ import secrets
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager as ContextManager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from unittest import mock
@@ -172,8 +174,11 @@ def runbook_parameters(name: str, store: Path, url: str, source: Path) -> dict:
     }[name]
 
 
-def build(config: BookConfig) -> dict:
-    """Execute every page, render the site and return its record (also written to ``book.json``)."""
+def build(config: BookConfig, around_page: Callable[[Page], ContextManager] | None = None) -> dict:
+    """Execute every page, render the site and return its record (also written to ``book.json``).
+
+    ``around_page(page)``, when given, is entered around each page's execution: the test suite
+    uses it to give the lessons that judge latencies the machine alone."""
     from tqdm.auto import tqdm
 
     from aieng.workbook.book_pages import provenance, render_index, render_page
@@ -187,11 +192,11 @@ def build(config: BookConfig) -> dict:
         lessons = [p for p in pages if p.kind == "lesson"]
         runbooks = [p for p in pages if p.kind == "runbook"]
         for page in lessons:
-            _run(page, out, config, None, bar)
+            _run(page, out, config, None, bar, around_page)
         if runbooks:
             with runbook_stage(store_root()) as (store, url, source):
                 for page in runbooks:
-                    _run(page, out, config, runbook_parameters(page.name, store, url, source), bar)
+                    _run(page, out, config, runbook_parameters(page.name, store, url, source), bar, around_page)
     for index, page in enumerate(pages):
         neighbours = (pages[index - 1] if index else None, pages[index + 1] if index + 1 < len(pages) else None)
         render_page(page, out, made, neighbours)
@@ -201,9 +206,10 @@ def build(config: BookConfig) -> dict:
     return record
 
 
-def _run(page: Page, out: Path, config: BookConfig, parameters: dict | None, bar) -> None:
+def _run(page: Page, out: Path, config: BookConfig, parameters: dict | None, bar, around_page=None) -> None:
     bar.set_postfix_str(page.name)
-    execute(page, out, config, parameters)
+    with around_page(page) if around_page else contextlib.nullcontext():
+        execute(page, out, config, parameters)
     bar.write(f"  {page.name}: {page.status} in {page.seconds:.1f} s" + (f" ({page.error})" if page.error else ""))
     bar.update(1)
 

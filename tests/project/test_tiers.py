@@ -128,4 +128,5 @@ def test_the_markers_are_registered_and_make_test_fast_selects_by_them():
     recipe = re.search(r"^test-fast:.*\n((?:\t.*\n)+)", makefile, re.MULTILINE).group(1)
     assert recipe.splitlines() == ['\t$(PYTEST) tests -m "$(FAST_TIERS)" -n auto --dist loadfile --durations=10']
     everything = re.search(r"^test:.*\n((?:\t.*\n)+)", makefile, re.MULTILINE).group(1)
-    assert "$(PYTEST) tests --durations" in everything and not re.search(r'\s-m\s+"', everything)  # all
+    assert "$(PYTEST) tests -n $(TEST_WORKERS) --dist loadfile" in everything  # whole files per worker
+    assert not re.search(r'\s-m\s+"', everything)  # all tiers

@@ -16,6 +16,7 @@ from aieng.observability.scrape import scrape
 from aieng.release.reload import worker_versions
 from aieng.store import ModelRef
 
+from ...machine_share import machine
 from ...polling import poll
 from ...suites import write_prompts_only_suite
 
@@ -86,7 +87,8 @@ def swaps_under_load(server, store):
         await load
         return records, steady_end, swaps_end, cycles
 
-    records, steady_end, swaps_end, cycles = asyncio.run(scenario())
+    with machine.alone():  # the latency bound below is judged on what this measures
+        records, steady_end, swaps_end, cycles = asyncio.run(scenario())
     return SimpleNamespace(records=records, steady_end=steady_end, swaps_end=swaps_end, cycles=cycles)
 
 
