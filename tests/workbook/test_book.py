@@ -16,9 +16,10 @@ from ..machine_share import machine
 
 pytestmark = pytest.mark.notebook
 PAGES = [page.name for page in chapters(BookConfig())]
-#: Lessons that judge the latency of single requests (a warm first request, a canary's p99 against
-#: stable's, batching's worst wait): they run with the other test worker idle.
-JUDGE_LATENCY = {"03_warmup", "05_batching", "08_canary_release"}
+#: Lessons that judge the latency of single requests (a warm first request against a cold one, a
+#: canary's p99 against stable's): they run with the other test worker idle. 05's bounds are a
+#: throughput ratio measured side by side and padding counts, which a busy neighbour does not flip.
+JUDGE_LATENCY = {"03_warmup", "08_canary_release"}
 
 
 @pytest.fixture(scope="module")
