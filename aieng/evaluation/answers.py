@@ -19,8 +19,6 @@ from dataclasses import dataclass
 import httpx
 
 from aieng.engine.chat import chat_text, has_chat_template
-from aieng.engine.hf_model import pad_token_id
-from aieng.engine.reference import reference_greedy, reference_sample
 from aieng.errors import SuiteError
 from aieng.evaluation.suite_file import SAMPLING_KEYS, Case
 from aieng.model_facts import eos_token_ids
@@ -50,6 +48,10 @@ def prompt_ids(tokenizer, case: Case) -> list[int]:
 
 def model_answers(model, tokenizer, cases: list[Case], *, batch_size: int = 32) -> list[Answer]:
     """Answers of ``model`` in this process, in the order of ``cases``."""
+    # torch's modules, imported here: a server's answers (the probe, a runbook) need none of them
+    from aieng.engine.hf_model import pad_token_id
+    from aieng.engine.reference import reference_greedy, reference_sample
+
     eos = eos_token_ids(model, tokenizer)
     pad_id = pad_token_id(tokenizer, eos)
     out: list[Answer | None] = [None] * len(cases)

@@ -21,14 +21,16 @@ import re
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from aieng.engine.chat import has_chat_template
 from aieng.errors import SuiteError
 from aieng.evaluation.answers import Answer, model_answers
-from aieng.evaluation.perplexity import reply_perplexity
 from aieng.evaluation.suite_file import Case, Suite
-from aieng.loading.loader import LoadConfig, load_version
 from aieng.store import ModelRef, ModelStore
+
+if TYPE_CHECKING:
+    from aieng.loading.loader import LoadConfig
 
 # A refusal in English or Chinese; a suite's ``refusal_patterns`` replace these.
 DEFAULT_REFUSALS = (
@@ -91,7 +93,10 @@ def _greedy(cases: list[Case], tokenizer) -> list[Case]:
 
 
 def _answers_and_perplexity(store, ref, config, cases, stable_answers=None):
-    loaded = load_version(store, ref, config)
+    from aieng.evaluation.perplexity import reply_perplexity  # torch: only where weights are loaded
+    from aieng.loading.loader import LoadConfig, load_version
+
+    loaded = load_version(store, ref, config or LoadConfig())
     try:
         cases = _greedy(cases, loaded.tokenizer)
         answers = model_answers(loaded.model, loaded.tokenizer, cases)
@@ -151,7 +156,7 @@ def compare_versions(
     version: str,
     *,
     against: str | None = None,
-    config: LoadConfig = LoadConfig(),
+    config: LoadConfig | None = None,
     suite: Suite | None = None,
     prompts: str | Path | None = None,
     per_family: int | None = None,

@@ -17,7 +17,6 @@ from pathlib import Path
 
 from aieng.evaluation.answers import Answer, model_answers, server_answers
 from aieng.evaluation.assertions import failures
-from aieng.evaluation.perplexity import reply_perplexity, server_text_perplexity, text_perplexity
 from aieng.evaluation.suite_file import Case, Suite, largest_family, load_suite
 
 ANSWER_KEPT_CHARS = 200  # per case in the manifest: enough to see what changed, not a transcript
@@ -91,6 +90,8 @@ def _report(suite, cases, answers, perplexity, text_ppl, started) -> EvalReport:
 
 def evaluate(model, tokenizer, suite: Suite, *, per_family: int | None = None, batch_size: int = 32) -> EvalReport:
     """Grade ``model`` (in this process) on the suite's gate cases, at most ``per_family`` each."""
+    from aieng.evaluation.perplexity import reply_perplexity, text_perplexity  # torch: the model is here
+
     started = time.perf_counter()
     cases = suite.gate_cases(per_family)
     was_training = model.training
@@ -116,6 +117,8 @@ def evaluate_server(
 ) -> EvalReport:
     """Grade what the server at ``url`` answers for ``model``. Reference perplexity needs the
     weights in process and is not measured here; the text's is, through ``/v1/completions``."""
+    from aieng.evaluation.perplexity import server_text_perplexity
+
     started = time.perf_counter()
     cases = suite.gate_cases(per_family)
     answers = server_answers(url, model, cases, token=token)
