@@ -317,27 +317,28 @@ def cost_tier(item) -> str:
 _TIER_ROWS = pytest.StashKey[list]()
 
 
-def costliest_files_first(items: list) -> None:
+def costliest_files_first(items: list, tiers: dict[str, str]) -> None:
     """Order the files by the highest tier of their tests, costliest first, each file's tests kept
     together and in order. Under ``-n 2 --dist loadfile`` a worker takes whole files in this order,
     so the long files (the book, the release runbooks, the servers) start at once and the short
     ones fill the gaps at the end, instead of one long file running alone on one core at the end.
     """
-    rank: dict[str, int] = {}
+    rank: dict[str, int] = {}  # file -> its costliest tier's index
     for item in items:
-        tier = max((TIERS.index(m.name) for m in item.iter_markers() if m.name in TIERS), default=0)
-        rank[item.nodeid.split("::")[0]] = max(rank.get(item.nodeid.split("::")[0], 0), tier)
+        file = item.nodeid.split("::")[0]
+        rank[file] = max(rank.get(file, 0), TIERS.index(tiers[item.nodeid]))
     position = {id(item): index for index, item in enumerate(items)}
     items.sort(key=lambda item: (-rank[item.nodeid.split("::")[0]], position[id(item)]))
 
 
 def pytest_collection_modifyitems(config, items):
     """Runs before ``-m`` deselects: the markers it adds are what ``-m`` selects on."""
+    tiers = {}
     for item in items:
-        tier = cost_tier(item)
+        tier = tiers[item.nodeid] = cost_tier(item)
         if not any(mark.name == tier for mark in item.iter_markers()):
             item.add_marker(tier)
-    costliest_files_first(items)
+    costliest_files_first(items, tiers)
     rows = [
         {
             "nodeid": item.nodeid,

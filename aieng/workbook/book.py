@@ -183,6 +183,8 @@ def build(config: BookConfig, around_page: Callable[[Page], ContextManager] | No
 
     from aieng.workbook.book_pages import provenance, render_index, render_page
 
+    around_page = around_page or (lambda page: contextlib.nullcontext())
+
     started = time.perf_counter()
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -206,9 +208,9 @@ def build(config: BookConfig, around_page: Callable[[Page], ContextManager] | No
     return record
 
 
-def _run(page: Page, out: Path, config: BookConfig, parameters: dict | None, bar, around_page=None) -> None:
+def _run(page: Page, out: Path, config: BookConfig, parameters: dict | None, bar, around_page) -> None:
     bar.set_postfix_str(page.name)
-    with around_page(page) if around_page else contextlib.nullcontext():
+    with around_page(page):
         execute(page, out, config, parameters)
     bar.write(f"  {page.name}: {page.status} in {page.seconds:.1f} s" + (f" ({page.error})" if page.error else ""))
     bar.update(1)
