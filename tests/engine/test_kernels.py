@@ -85,6 +85,22 @@ def test_the_library_is_built_once_and_named_by_source_flags_and_compiler(decode
     assert not list(built.parent.glob("*.tmp"))  # no half-written library left behind
 
 
+def test_the_library_name_follows_the_sources_content_not_where_they_lie(tmp_path, monkeypatch):
+    """A second checkout or install of the same aieng loads the kernels the first one built."""
+    cxx = kernels.compiler()
+    here = kernels.library_path(cxx)
+    copies = []
+    for source in kernels.SOURCES:
+        copy = tmp_path / "elsewhere" / source.name
+        copy.parent.mkdir(exist_ok=True)
+        copy.write_bytes(source.read_bytes())
+        copies.append(copy)
+    monkeypatch.setattr(kernels, "SOURCES", tuple(copies))
+    assert kernels.library_path(cxx) == here
+    copies[-1].write_text(copies[-1].read_text() + "\n// changed\n")
+    assert kernels.library_path(cxx) != here
+
+
 def test_without_a_compiler_the_engine_serves_with_pytorch_attention(demo, monkeypatch, caplog):
     """A host that cannot build the kernel logs why once and serves the same tokens with SDPA."""
     model, tokenizer = demo
