@@ -29,20 +29,29 @@ def ms_per_step_by_position(engine: Engine, prompt_ids: list[int], *, new_tokens
 
 
 def ms_per_step_by_batch(
-    engine: Engine, prompt_ids: list[int], batch_sizes: list[int], *, steps: int = 16
+    engine: Engine, prompt_ids: list[int], batch_sizes: list[int], *, steps: int = 16, rounds: int = 3
 ) -> list[dict]:
-    """Median ms per decode step and per generated token, for each batch size."""
+    """Median ms per decode step and per generated token, for each batch size.
+
+    The sizes are measured in ``rounds`` interleaved passes of ``steps // rounds`` steps each (at
+    least one), not one size after another: a neighbour that is busy for a few seconds then slows
+    every size a little instead of one size a lot, so the ratios between sizes hold on a shared
+    machine."""
+    rounds = max(1, min(rounds, steps))
+    per_round = max(1, steps // rounds)
+    params = SamplingParams(max_tokens=per_round + 2, temperature=0, ignore_eos=True)
+    times: dict[int, list[float]] = {size: [] for size in batch_sizes}
+    for round_ in range(rounds):
+        for size in batch_sizes:
+            engine.prefill([GenerationRequest(f"b{size}-{round_}-{i}", prompt_ids, params) for i in range(size)])
+            for _ in range(per_round):
+                start = time.perf_counter()
+                engine.decode()
+                times[size].append(time.perf_counter() - start)
+            engine.remove(engine.running_ids())
     rows = []
-    params = SamplingParams(max_tokens=steps + 2, temperature=0, ignore_eos=True)
     for size in batch_sizes:
-        engine.prefill([GenerationRequest(f"b{size}-{i}", prompt_ids, params) for i in range(size)])
-        times = []
-        for _ in range(steps):
-            start = time.perf_counter()
-            engine.decode()
-            times.append(time.perf_counter() - start)
-        engine.remove(engine.running_ids())
-        step_ms = statistics.median(times) * 1000
+        step_ms = statistics.median(times[size]) * 1000
         rows.append(
             {
                 "batch_size": size,

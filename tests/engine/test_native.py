@@ -189,6 +189,25 @@ def test_every_step_says_where_its_time_went(tiny, render):
     assert batch1_split(hf, ids, steps=3)["output_projection"] is None  # inside transformers' forward
 
 
+def test_step_time_by_batch_size_interleaves_the_sizes_and_times_every_step(tiny, render):
+    """Notebook 04's batch curve measures the sizes in interleaved rounds, so a neighbour busy for
+    a moment slows every size alike rather than one: each round prefills every size in order."""
+    from aieng.bench.step_profile import ms_per_step_by_batch
+
+    model, tokenizer = tiny
+    engine = Engine(model, tokenizer, config=EngineConfig.exact(compile=False))
+    prefilled, decoded = [], []
+    prefill, decode = engine.prefill, engine.decode
+    engine.prefill = lambda requests: prefilled.append(len(requests)) or prefill(requests)
+    engine.decode = lambda: decoded.append(engine.num_running) or decode()
+    rows = ms_per_step_by_batch(engine, engine.encode(render("add: 1+2")), [1, 4, 2], steps=6, rounds=3)
+    assert prefilled == [1, 4, 2] * 3 and decoded == [1, 1, 4, 4, 2, 2] * 3 and engine.num_running == 0
+    assert [r["batch_size"] for r in rows] == [1, 4, 2]
+    for r in rows:
+        assert r["ms_per_step"] > 0 and r["ms_per_token"] == pytest.approx(r["ms_per_step"] / r["batch_size"])
+        assert r["tokens_per_s"] == pytest.approx(r["batch_size"] * 1000 / r["ms_per_step"])
+
+
 def test_the_format_plan_is_measured_per_step_size_and_picks_by_token_count(demo):
     from aieng.engine.native.formats import TOKEN_COUNTS, FormatPlan, measure_format_plan
 

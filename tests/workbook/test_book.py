@@ -17,10 +17,10 @@ from ..machine_share import machine
 pytestmark = pytest.mark.notebook
 PAGES = [page.name for page in chapters(BookConfig())]
 #: Lessons that judge times measured one after another: a warm first request against a cold one
-#: (03), a canary's p99 against stable's (08), tokens/s of batch 32 against batch 1 (04; failed once
-#: beside the other worker), 8 clients' throughput against 1's (02). They run with the other test
-#: worker idle. 05's bounds (7.7x against 3x, and padding counts) have the margin to run beside it.
-JUDGE_LATENCY = {"02_model_loading", "03_warmup", "04_custom_generation", "08_canary_release"}
+#: (03), a canary's p99 against stable's (08). They run with the other test worker idle. The
+#: others' bounds hold beside it: 05's and 02's are throughput ratios with wide margins (a server of
+#: one torch thread), and 04 times its batch sizes in interleaved rounds (``ms_per_step_by_batch``).
+JUDGE_LATENCY = {"03_warmup", "08_canary_release"}
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,10 @@ ARGS = ["--workers", "1", "--torch-threads", "2", "--compile"]
 # graph still compiling in the background when the test stops the server would miss the cache).
 # One weight format: `auto` times bf16 against fp32 at start-up, and on a busy machine the two
 # starts can choose differently and so compile different graphs (2 misses seen in CI).
-ENV = {"AIENG_COMPILE_BUDGET_S": "600", "AIENG_WEIGHT_FORMATS": "float32"}
+# Three rows: three decoder graphs (1 row, 2+ rows, 2+ rows beside a prompt chunk) and the output
+# projection, not four; the graph of several chunks is compiled in tests/engine/test_compile.py.
+SHAPES = {"AIENG_WEIGHT_FORMATS": "float32", "AIENG_MAX_BATCH_SIZE": "3"}
+ENV = {"AIENG_COMPILE_BUDGET_S": "600", **SHAPES}
 
 
 def log_lines(proc):
@@ -89,7 +92,7 @@ def test_start_up_is_visible_and_a_restart_reuses_the_compile_cache(demo_store):
     kv = next(line for line in lines if line["event"] == "engine_kv_cache")
     assert kv["decode_kernel"] is True and kv["dtype"] == "torch.float32"  # the demo's one-row step is fp32
     shapes = [line["detail"] for line in lines if line["event"] == "startup_progress" and line["phase"] == "warmup"]
-    assert len(shapes) >= 3 and any("(1/" in detail for detail in shapes)
+    assert len(shapes) >= 3 and any("(1/3)" in detail for detail in shapes)  # three decoder graphs
     ended = {line["phase"]: line["seconds"] for line in lines if line["event"] == "startup_phase_end"}
     assert set(ended) == set(started) and all(s >= 0 for s in ended.values())
     ready = next(i for i, line in enumerate(lines) if line["event"] == "startup_ready")
@@ -122,10 +125,7 @@ def test_a_benchmark_waits_for_a_background_compilation_before_measuring(demo_st
     # The first test's weight format, so its graphs come from the cache the first test left: the
     # compile still runs in the background (dynamo traces), but without minutes of C++ builds.
     proc = ServerProcess(
-        store=demo_store.root,
-        port=free_port(),
-        extra_args=ARGS,
-        env={"AIENG_COMPILE_BUDGET_S": "0", "AIENG_WEIGHT_FORMATS": "float32"},
+        store=demo_store.root, port=free_port(), extra_args=ARGS, env={"AIENG_COMPILE_BUDGET_S": "0", **SHAPES}
     )
     with proc:
         proc.wait_until_compiled(timeout=600)
