@@ -1,6 +1,8 @@
 """aieng's CPU decode-attention kernel: the same attention as PyTorch's, for every layout the engine
 gives it, clear errors for what it cannot take, and a clean fall-back where it cannot be built."""
 
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -86,7 +88,10 @@ def test_the_library_is_built_once_and_named_by_source_flags_and_compiler(decode
 
 
 def test_the_library_name_follows_the_sources_content_not_where_they_lie(tmp_path, monkeypatch):
-    """A second checkout or install of the same aieng loads the kernels the first one built."""
+    """A second checkout, virtual environment or install of the same aieng and torch loads the
+    kernels the first one built."""
+    from torch.utils import cpp_extension
+
     cxx = kernels.compiler()
     here = kernels.library_path(cxx)
     copies = []
@@ -96,6 +101,14 @@ def test_the_library_name_follows_the_sources_content_not_where_they_lie(tmp_pat
         copy.write_bytes(source.read_bytes())
         copies.append(copy)
     monkeypatch.setattr(kernels, "SOURCES", tuple(copies))
+    assert kernels.library_path(cxx) == here
+    torch_dir, other_venv = str(Path(torch.__file__).parent), str(tmp_path / "venv" / "torch")
+    for name in ("include_paths", "library_paths"):
+        found = getattr(cpp_extension, name)()
+        monkeypatch.setattr(
+            cpp_extension, name, lambda *a, found=found, **k: [p.replace(torch_dir, other_venv) for p in found]
+        )
+    monkeypatch.setattr(torch, "__file__", other_venv + "/__init__.py")
     assert kernels.library_path(cxx) == here
     copies[-1].write_text(copies[-1].read_text() + "\n// changed\n")
     assert kernels.library_path(cxx) != here

@@ -115,13 +115,15 @@ def build_command(cxx: str, output: Path) -> list[str]:
 
 
 def library_path(cxx: str) -> Path:
-    """The library's name: a hash of what goes into it. The sources count by content, not by where
-    they lie, so another checkout or install of the same aieng (a fresh clone, a new release
-    directory, a rebuilt image on a kept cache volume) loads the library instead of building again."""
+    """The library's name: a hash of what goes into it. The sources count by content and torch by
+    its version, not by where they lie, so another checkout, virtual environment or install of the
+    same aieng and torch (a fresh clone, a new release directory, a rebuilt image on a kept cache
+    volume) loads the library instead of building it again."""
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
     key = hashlib.sha256(b"".join(source.read_bytes() for source in SOURCES))
     places = {str(source): source.name for source in SOURCES}
-    command = [places.get(part, part) for part in build_command(cxx, Path("out"))]
+    torch_dir = str(Path(torch.__file__).parent)
+    command = [places.get(part, part).replace(torch_dir, "<torch>") for part in build_command(cxx, Path("out"))]
     for part in (" ".join(command), torch.__version__, version):
         key.update(part.encode())
     return cache_dir() / f"aieng_kernels-{key.hexdigest()[:16]}.so"
