@@ -23,10 +23,10 @@ from aieng.loadtest.workload import parse_workload
 
 WORKLOAD = {
     "name": "tiny",
-    "duration_s": 2,
+    "duration_s": 1,
     "warmup_s": 0.3,
     "cooldown_s": 0.2,
-    "arrival": {"process": "constant", "rate": 20},
+    "arrival": {"process": "constant", "rate": 40},
     "classes": [
         {"name": "short", "share": 0.5, "max_tokens": 3, "family": ["add"]},
         {"name": "long", "share": 0.5, "max_tokens": 6, "text": "reverse: a b c", "exact_tokens": True},
@@ -129,19 +129,19 @@ def test_a_leaking_erring_stuck_or_miscounting_server_fails_the_check_named(serv
 
 
 def test_a_sweep_finds_the_knee_of_a_server_with_known_capacity(serve, tmp_path):
-    # two at a time, 0.2 s each: at most 10 requests per second
-    url = serve(double(seconds_per_request=0.2))
-    workload = parse_workload({**WORKLOAD, "sweep": {"rates": [4, 8, 16], "duration_s": 2}})
+    # two at a time, 0.1 s each: at most 20 requests per second
+    url = serve(double(seconds_per_request=0.1))
+    workload = parse_workload({**WORKLOAD, "sweep": {"rates": [8, 16, 32], "duration_s": 1}})
     data = run_loadtest(
         LoadTest(
-            url=url, workload=workload, out=tmp_path, sweep=True, progress=False, slos={"e2e": 1.0}, target_rps=25
+            url=url, workload=workload, out=tmp_path, sweep=True, progress=False, slos={"e2e": 1.0}, target_rps=50
         ),
         log=lambda line: None,
     )
     knee = data["saturation"]
-    assert knee is not None and knee["offered_rps"] > 10 >= knee["throughput_rps"] * 0.9, knee
+    assert knee is not None and knee["offered_rps"] > 20 >= knee["throughput_rps"] * 0.9, knee
     plan = data["capacity"]
-    assert plan["per_replica_rps"] is not None and plan["per_replica_rps"] <= 10 and plan["replicas"] >= 3, plan
+    assert plan["per_replica_rps"] is not None and plan["per_replica_rps"] <= 20 and plan["replicas"] >= 3, plan
     for name in ("latency_vs_rate", "throughput_vs_rate", "ttft_cdf", "tokens_over_time"):
         assert (tmp_path / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     html = (tmp_path / "report.html").read_text()
