@@ -25,6 +25,12 @@ from aieng.engine.params import GREEDY_BELOW
 from aieng.errors import SuiteError
 from aieng.user_hooks import load_hook
 
+# libyaml's parser and emitter where PyYAML was built with them (its wheels are): the same safe
+# loading and the same documents, without the pure-Python scanner that dominated registering a
+# model with a suite of hundreds of cases. Other builds fall back to the Python classes.
+SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+SAFE_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+
 FORMAT = "aieng-suite/1"
 SUITE_DIR = "eval-suite"  # where a model folder or store version keeps its suite
 SUITE_FILE = f"{SUITE_DIR}/suite.yaml"
@@ -123,7 +129,7 @@ def load_suite(path: str | Path) -> Suite:
     except OSError as exc:
         raise SuiteError(f"cannot read the eval suite {path}: {exc.strerror or exc}") from None
     try:
-        data = json.loads(raw) if path.suffix == ".json" else yaml.safe_load(raw)
+        data = json.loads(raw) if path.suffix == ".json" else yaml.load(raw, Loader=SAFE_LOADER)
     except (ValueError, yaml.YAMLError) as exc:
         raise SuiteError(f"{path} is not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {exc}") from None
     _check_schema(path, data)
