@@ -106,17 +106,18 @@ def _build_shape(args: argparse.Namespace) -> int:
 
 
 def _install(args: argparse.Namespace) -> int:
-    from aieng.demo.build import build_demo_model
-    from aieng.demo.heldout_suite import SUITE_FILE as HELDOUT_SUITE_FILE
-    from aieng.evaluation.record import evaluate_version
-    from aieng.loading.loader import LoadConfig
     from aieng.store import ModelRef, ModelStore
 
     settings = settings_from(args)
     store = ModelStore(settings.store)
-    if args.name in store.names() and store.current(args.name):
+    if args.name in store.names() and store.current(args.name):  # every make serve/test asks: answer before torch
         print(f"{args.name}@{store.current(args.name)} is already current in {store.root}; nothing to do")
         return 0
+    from aieng.demo.build import build_demo_model
+    from aieng.demo.heldout_suite import SUITE_FILE as HELDOUT_SUITE_FILE
+    from aieng.evaluation.record import evaluate_version
+    from aieng.loading.loader import LoadConfig
+
     if args.version not in store.versions(args.name):
         suffix = "" if args.steps is None else f"-steps{args.steps}"
         build_dir = Path("var/build") / f"demo-seed{args.seed}{suffix}"
