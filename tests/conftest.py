@@ -18,6 +18,7 @@ tier. ``make test-fast`` runs
 
 from __future__ import annotations
 
+import atexit
 import functools
 import gc
 import inspect
@@ -25,6 +26,7 @@ import json
 import os
 import re
 import shutil
+import sys
 from dataclasses import asdict
 from pathlib import Path
 
@@ -369,6 +371,21 @@ def pytest_configure(config):
         torch.set_num_threads(1)
     if hasattr(config, "workerinput"):  # an xdist worker (not a pytest run it started)
         machine.configure(config.workerinput["testrunuid"])
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config):
+    """An xdist worker ends here, once its results are sent (``workerfinished``, at session end).
+
+    After a session of compiled graphs the interpreter's own teardown (freeing every graph, guard
+    and kernel wrapper one object at a time) takes seconds, which the controller waits through
+    before it can report. The exit handlers still run (pytest's temp-folder locks, anything a test
+    registered); only that teardown is skipped."""
+    if hasattr(config, "workerinput"):
+        atexit._run_exitfuncs()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 @pytest.hookimpl(hookwrapper=True)
