@@ -364,8 +364,14 @@ def collected_tiers(request) -> list[dict]:
 def pytest_configure(config):
     """Under pytest-xdist (``make test`` runs two workers, ``make test-fast`` one per core) each
     worker gets one torch thread, since workers of several threads each on shared cores meet at
-    torch's barriers and wait on each other, and claims its share of the machine per test (below)."""
+    torch's barriers and wait on each other, and claims its share of the machine per test (below).
+
+    So do the processes a worker starts (``OMP_NUM_THREADS``): notebook and runbook kernels, CLI
+    runs: a lesson's in-kernel evaluation at two threads beside the other worker waits at every
+    barrier (notebook 07's, beside one busy core; the commit that set this has the figures).
+    Servers set their own count from their worker plan, so they run as ``aieng serve`` runs them."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
+        os.environ["OMP_NUM_THREADS"] = "1"
         import torch
 
         torch.set_num_threads(1)
