@@ -14,10 +14,8 @@ import json
 import os
 from pathlib import Path
 
-import yaml
-
 from aieng.errors import SuiteError
-from aieng.evaluation.suite_file import FORMAT, SAMPLING_KEYS, load_suite
+from aieng.evaluation.suite_file import FORMAT, SAMPLING_KEYS, load_suite, suite_yaml
 from aieng.loadtest.replay import read_capture
 
 
@@ -71,7 +69,7 @@ def write_suite_from_capture(
     }
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     try:
-        tmp.write_text(yaml.safe_dump(document, sort_keys=False, allow_unicode=True, width=1000))
+        tmp.write_text(suite_yaml(document))
         load_suite(tmp)  # what we write must read back as a valid suite
         os.replace(tmp, out)
     finally:

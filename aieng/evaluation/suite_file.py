@@ -28,8 +28,8 @@ from aieng.user_hooks import load_hook
 # libyaml's parser and emitter where PyYAML was built with them (its wheels are): the same safe
 # loading and the same documents, without the pure-Python scanner that dominated registering a
 # model with a suite of hundreds of cases. Other builds fall back to the Python classes.
-SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-SAFE_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+_SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_SAFE_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
 FORMAT = "aieng-suite/1"
 SUITE_DIR = "eval-suite"  # where a model folder or store version keeps its suite
@@ -121,6 +121,12 @@ class Suite:
         }
 
 
+def suite_yaml(document: dict) -> str:
+    """A suite document as the YAML text aieng writes (registration, captures, the demo's suite):
+    keys in their order, text as it is, one line per value."""
+    return yaml.dump(document, Dumper=_SAFE_DUMPER, sort_keys=False, allow_unicode=True, width=1000)
+
+
 def load_suite(path: str | Path) -> Suite:
     """Read, check and hash the suite at ``path``; ``SuiteError`` says what is wrong and where."""
     path = Path(path)
@@ -129,7 +135,7 @@ def load_suite(path: str | Path) -> Suite:
     except OSError as exc:
         raise SuiteError(f"cannot read the eval suite {path}: {exc.strerror or exc}") from None
     try:
-        data = json.loads(raw) if path.suffix == ".json" else yaml.load(raw, Loader=SAFE_LOADER)
+        data = json.loads(raw) if path.suffix == ".json" else yaml.load(raw, Loader=_SAFE_LOADER)
     except (ValueError, yaml.YAMLError) as exc:
         raise SuiteError(f"{path} is not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {exc}") from None
     _check_schema(path, data)

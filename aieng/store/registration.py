@@ -10,10 +10,8 @@ import json
 import shutil
 from pathlib import Path
 
-import yaml
-
 from aieng.errors import StoreError
-from aieng.evaluation.suite_file import SAFE_DUMPER, SUITE_DIR, SUITE_FILE, Suite, load_suite
+from aieng.evaluation.suite_file import SUITE_DIR, SUITE_FILE, Suite, load_suite, suite_yaml
 from aieng.host.hardware import dependency_versions, hardware_profile
 from aieng.store.hashing import hash_tree
 from aieng.store.introspect import inspect_folder
@@ -94,8 +92,7 @@ def stage_suite(version_dir: Path, suite: Suite) -> dict:
     if suite.perplexity_text is not None:
         shutil.copyfile(suite.perplexity_text, target / suite.perplexity_text.name)
         document["perplexity"]["text"] = suite.perplexity_text.name
-    text = yaml.dump(document, Dumper=SAFE_DUMPER, sort_keys=False, allow_unicode=True, width=1000)
-    (version_dir / SUITE_FILE).write_text(text)
+    (version_dir / SUITE_FILE).write_text(suite_yaml(document))
     stored = load_suite(version_dir / SUITE_FILE)
     if stored.sha256 != suite.sha256:  # cannot happen unless the copy is broken: refuse, do not guess
         raise StoreError(f"the stored copy of suite {suite.label} does not hash like {suite.path}")
