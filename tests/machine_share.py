@@ -49,6 +49,17 @@ class MachineShare:
             fcntl.flock(self._machine, fcntl.LOCK_UN)
             self.mode = None
 
+    def let_waiting_in(self) -> None:
+        """A break inside a long shared claim (the book, page after page, cell after cell): a worker
+        waiting to be alone gets its turn now, rather than when the claim ends; without one
+        waiting, this takes no time."""
+        if self._machine is None or self.mode != "shared":
+            return
+        fcntl.flock(self._machine, fcntl.LOCK_UN)
+        fcntl.flock(self._turnstile, fcntl.LOCK_EX)  # held by the waiting worker until it is done
+        fcntl.flock(self._machine, fcntl.LOCK_SH)
+        fcntl.flock(self._turnstile, fcntl.LOCK_UN)
+
     @contextlib.contextmanager
     def alone(self):
         """Run with the other worker idle: for what measures time. Inside a shared claim, the claim

@@ -50,6 +50,11 @@ SERVER_CHECK = (
     'assert not left, f"servers this lesson started are still running: {left}"\n'
     'print("no server started by this lesson is still running")'
 )
+#: A lesson's cell that measures times and asserts on them: its numbers mean something on a quiet
+#: machine only (the test suite runs it with the other test worker idle).
+MEASURES_TAG = "measures-time"
+#: ``around_cell(page, cell)``: a context entered around one code cell's execution.
+AroundCell = Callable[["Page", dict], ContextManager]
 
 
 @dataclass(frozen=True)
@@ -112,9 +117,13 @@ def prepared(page: Page):
     return nb
 
 
-def execute(page: Page, out: Path, config: BookConfig, parameters: dict | None = None) -> None:
+def execute(
+    page: Page, out: Path, config: BookConfig, parameters: dict | None = None, around_cell: AroundCell | None = None
+) -> None:
     """Run the page's notebook with papermill into ``out/executed/``; a failure is recorded on the
-    page (and its executed copy kept, error included), not raised."""
+    page (and its executed copy kept, error included), not raised. ``around_cell(page, cell)`` is
+    entered as each code cell starts and left when it has run (or when the page ends, if it never
+    finished)."""
     import papermill
 
     nb = prepared(page)
@@ -122,20 +131,30 @@ def execute(page: Page, out: Path, config: BookConfig, parameters: dict | None =
     executed.parent.mkdir(parents=True, exist_ok=True)
     page.executed, page.parameters = str(executed), parameters or {}
     started = time.perf_counter()
-    try:
-        papermill.execute_notebook(
-            nb,
-            str(executed),
-            parameters=parameters,
-            kernel_name=config.kernel_name,
-            cwd=str(Path(page.source).parent),
-            progress_bar=False,
-            execution_timeout=config.cell_timeout_s,
-        )
-        page.status = "ok"
-    except Exception as exc:  # papermill's execution error, a dead kernel, a timeout: all go on the page
-        page.status = "failed"
-        page.error = f"{type(exc).__name__}: {getattr(exc, 'ename', '')} {getattr(exc, 'evalue', exc)}".strip()[:500]
+    with contextlib.ExitStack() as cell_claim:
+        hooks = {}
+        if around_cell is not None:
+            # nbclient's hooks: on_cell_execute before the cell is sent, on_cell_executed after its reply
+            hooks = {
+                "on_cell_execute": lambda cell, cell_index: cell_claim.enter_context(around_cell(page, cell)),
+                "on_cell_executed": lambda cell, cell_index, execute_reply: cell_claim.close(),
+            }
+        try:
+            papermill.execute_notebook(
+                nb,
+                str(executed),
+                parameters=parameters,
+                kernel_name=config.kernel_name,
+                cwd=str(Path(page.source).parent),
+                progress_bar=False,
+                execution_timeout=config.cell_timeout_s,
+                **hooks,
+            )
+            page.status = "ok"
+        except Exception as exc:  # papermill's execution error, a dead kernel, a timeout: all go on the page
+            page.status = "failed"
+            message = f"{type(exc).__name__}: {getattr(exc, 'ename', '')} {getattr(exc, 'evalue', exc)}"
+            page.error = message.strip()[:500]
     page.seconds = round(time.perf_counter() - started, 1)
 
 
@@ -174,16 +193,14 @@ def runbook_parameters(name: str, store: Path, url: str, source: Path) -> dict:
     }[name]
 
 
-def build(config: BookConfig, around_page: Callable[[Page], ContextManager] | None = None) -> dict:
+def build(config: BookConfig, around_cell: AroundCell | None = None) -> dict:
     """Execute every page, render the site and return its record (also written to ``book.json``).
 
-    ``around_page(page)``, when given, is entered around each page's execution: the test suite
-    uses it to give the lessons that judge latencies the machine alone."""
+    ``around_cell(page, cell)``, when given, is entered around each code cell's execution: the
+    test suite uses it to give the cells tagged ``measures-time`` the machine alone."""
     from tqdm.auto import tqdm
 
     from aieng.workbook.book_pages import provenance, render_index, render_page
-
-    around_page = around_page or (lambda page: contextlib.nullcontext())
 
     started = time.perf_counter()
     out = Path(config.out)
@@ -194,11 +211,11 @@ def build(config: BookConfig, around_page: Callable[[Page], ContextManager] | No
         lessons = [p for p in pages if p.kind == "lesson"]
         runbooks = [p for p in pages if p.kind == "runbook"]
         for page in lessons:
-            _run(page, out, config, None, bar, around_page)
+            _run(page, out, config, None, bar, around_cell)
         if runbooks:
             with runbook_stage(store_root()) as (store, url, source):
                 for page in runbooks:
-                    _run(page, out, config, runbook_parameters(page.name, store, url, source), bar, around_page)
+                    _run(page, out, config, runbook_parameters(page.name, store, url, source), bar, around_cell)
     for index, page in enumerate(pages):
         neighbours = (pages[index - 1] if index else None, pages[index + 1] if index + 1 < len(pages) else None)
         render_page(page, out, made, neighbours)
@@ -208,10 +225,9 @@ def build(config: BookConfig, around_page: Callable[[Page], ContextManager] | No
     return record
 
 
-def _run(page: Page, out: Path, config: BookConfig, parameters: dict | None, bar, around_page) -> None:
+def _run(page: Page, out: Path, config: BookConfig, parameters: dict | None, bar, around_cell) -> None:
     bar.set_postfix_str(page.name)
-    with around_page(page):
-        execute(page, out, config, parameters)
+    execute(page, out, config, parameters, around_cell)
     bar.write(f"  {page.name}: {page.status} in {page.seconds:.1f} s" + (f" ({page.error})" if page.error else ""))
     bar.update(1)
 

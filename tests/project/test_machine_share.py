@@ -67,6 +67,37 @@ def test_a_worker_waiting_to_be_alone_goes_before_the_next_shared_test():
     assert log == ["a", "b", "c"]
 
 
+def test_a_long_shared_claim_lets_a_worker_waiting_to_be_alone_in_at_its_breaks():
+    (a, b, c), log, events = a_shared_test_running()
+    in_thread(b.alone, events["b_in"], events["b_out"], log, "b")
+    assert not events["b_in"].wait(0.3)  # a's claim holds
+    in_break = threading.Thread(target=a.let_waiting_in, daemon=True)
+    in_break.start()
+    assert events["b_in"].wait(10)  # b runs in a's break ...
+    assert in_break.is_alive()  # ... and a goes on once b is done
+    events["b_out"].set()
+    in_break.join(10)
+    assert not in_break.is_alive() and a.mode == "shared"
+    in_thread(c.alone, events["c_in"], events["c_out"], log, "c")
+    assert not events["c_in"].wait(0.3)  # a holds its shared claim again
+    events["a_out"].set()
+    assert events["c_in"].wait(10)
+    events["c_out"].set()
+
+
+def test_a_break_without_a_worker_waiting_goes_straight_on():
+    a, b = workers(2)
+    with a.shared():
+        in_break = threading.Thread(target=a.let_waiting_in, daemon=True)
+        in_break.start()
+        in_break.join(10)
+        assert not in_break.is_alive() and a.mode == "shared"
+        log, entered, leave = [], threading.Event(), threading.Event()
+        in_thread(b.shared, entered, leave, log, "b")
+        assert entered.wait(10)  # a shared claim still: another runs beside it
+        leave.set()
+
+
 def test_two_workers_that_both_want_to_be_alone_inside_a_test_each_get_a_turn():
     a, b = workers(2)
     turns, ready = [], threading.Barrier(2)

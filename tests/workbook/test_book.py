@@ -9,29 +9,43 @@ import re
 
 import pytest
 
-from aieng.workbook.book import BookConfig, build, chapters
+from aieng.workbook.book import MEASURES_TAG, BookConfig, build, chapters, prepared
 from aieng.workbook.book_browser import check_book, check_lab
 
 from ..machine_share import machine
 
 pytestmark = pytest.mark.notebook
 PAGES = [page.name for page in chapters(BookConfig())]
-#: Lessons that judge times measured one after another: a warm first request against a cold one
-#: (03), a canary's p99 against stable's (08). They run with the other test worker idle. The
-#: others' bounds hold beside it: 05's and 02's are throughput ratios with wide margins (a server of
-#: one torch thread), and 04 times its batch sizes in interleaved rounds (``ms_per_step_by_batch``).
+#: Lessons with cells that judge times measured one after another, tagged ``measures-time``: a
+#: warm first request against a cold one (03), a canary's p99 against stable's (08). Those cells run
+#: with the other test worker idle. The other lessons' bounds hold beside it: 05's and 02's are
+#: throughput ratios with wide margins (a server of one torch thread), and 04 times its batch sizes
+#: in interleaved rounds (``ms_per_step_by_batch``).
 JUDGE_LATENCY = {"03_warmup", "08_canary_release"}
+
+
+def around_cell(page, cell):
+    """A cell that measures times runs alone; before any other, a worker waiting to be alone goes
+    first (the book is one long fixture: without these breaks it would wait for the whole book)."""
+    if MEASURES_TAG in cell.metadata.get("tags", ()):
+        return machine.alone()
+    machine.let_waiting_in()
+    return contextlib.nullcontext()
 
 
 @pytest.fixture(scope="module")
 def book(tmp_path_factory):
-    assert JUDGE_LATENCY <= set(PAGES), JUDGE_LATENCY - set(PAGES)
     out = tmp_path_factory.mktemp("book")
-    record = build(
-        BookConfig(out=out),
-        around_page=lambda page: machine.alone() if page.name in JUDGE_LATENCY else contextlib.nullcontext(),
-    )
+    record = build(BookConfig(out=out), around_cell=around_cell)
     return out, {page["name"]: page for page in record["pages"]}
+
+
+def test_the_cells_that_judge_latency_are_tagged_to_run_alone():
+    measuring = {
+        page.name: sum(MEASURES_TAG in cell.metadata.get("tags", ()) for cell in prepared(page).cells)
+        for page in chapters(BookConfig())
+    }
+    assert {name for name, cells in measuring.items() if cells} == JUDGE_LATENCY, measuring
 
 
 @pytest.mark.parametrize("name", PAGES)
