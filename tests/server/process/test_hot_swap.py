@@ -151,6 +151,8 @@ def test_a_tampered_version_is_refused_and_the_old_one_keeps_serving(server, sto
     data = bytearray(weights.read_bytes())
     data[-10] ^= 0xFF  # a flipped byte after registration
     weights.write_bytes(bytes(data))
+    swaps_failed = lambda: scrape(server.base_url).value("aieng_model_swaps_total", outcome="failed")  # noqa: E731
+    failed_before = swaps_failed()  # the module's server: earlier tests' refusals count too
     store._switch("demo", "3", action="promote", reason="test: bypass the verifying promote", actor="test")
     try:
         answer = httpx.post(f"{server.base_url}/admin/reload", headers=AUTH, timeout=120)
@@ -162,8 +164,8 @@ def test_a_tampered_version_is_refused_and_the_old_one_keeps_serving(server, sto
             timeout=60,
         )
         assert reply.status_code == 200 and reply.headers["x-model-version"] == "1"
-        swaps_failed = lambda: scrape(server.base_url).value("aieng_model_swaps_total", outcome="failed")  # noqa: E731
-        assert poll(lambda: swaps_failed() >= 2, timeout=60, poll_s=0.1)  # both workers polled `current`, refused it
+        # both workers refused it: the one the reload reached, and the other when it polled `current`
+        assert poll(lambda: swaps_failed() >= failed_before + 2, timeout=60, poll_s=0.1)
         ready = httpx.get(f"{server.base_url}/health/ready").json()
         assert ready["version"] == "1" and ready["swap"]["status"] == "failed" and ready["swap"]["version"] == "3"
         assert set(worker_versions(server.base_url).values()) == {"1"}
