@@ -22,6 +22,13 @@ from pathlib import Path
 WEIGHT_FORMATS = ("auto", "float32", "bfloat16", "float32-packed", "bfloat16-packed", "int8", "int4")
 
 
+def user_cache_dir() -> Path:
+    """This user's cache folder for aieng (the XDG base-directory rule, as pip and Hugging Face use):
+    what is kept there is rebuilt if deleted, and is the same for every checkout and working
+    directory, so a second clone or a server started elsewhere finds it warm."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "aieng"
+
+
 def _setting(default, help: str, **kwargs):
     if callable(default):  # a default_factory
         return field(default_factory=default, metadata={"help": help, **kwargs})
@@ -160,11 +167,12 @@ class Settings:
         "ready and serves eagerly until the compiled graphs are built",
     )
     compile_cache_dir: Path = _setting(
-        lambda: Path("var/compile-cache"),
+        lambda: user_cache_dir() / "compile-cache",
         "torch.compile's on-disk caches (inductor, FX graph, AOTAutograd), kept "
-        "across restarts so a restart reuses the compiled kernels; "
-        "TORCHINDUCTOR_CACHE_DIR, when set, wins",
-        shown="./var/compile-cache",
+        "across restarts so a restart reuses the compiled kernels, and shared by every "
+        "checkout and working directory of this user ($XDG_CACHE_HOME/aieng/compile-cache "
+        "where that is set); TORCHINDUCTOR_CACHE_DIR, when set, wins",
+        shown="~/.cache/aieng/compile-cache",
     )
     int8: bool = _setting(
         False,

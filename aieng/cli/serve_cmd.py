@@ -81,7 +81,7 @@ def add_parser(sub) -> None:
         "--compile-cache-dir",
         default=None,
         metavar="DIR",
-        help="torch.compile's on-disk caches, kept across restarts (default ./var/compile-cache)",
+        help="torch.compile's on-disk caches, kept across restarts (default ~/.cache/aieng/compile-cache)",
     )
     p.add_argument(
         "--int8",

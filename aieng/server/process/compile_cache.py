@@ -6,8 +6,10 @@ keyed by graph and inputs) and the AOTAutograd cache (``torch._functorch.config.
 enable_autograd_cache``, the traced joint graphs); on CUDA the Triton cache goes under it too.
 Both caches are on by default, but the directory defaults to ``/tmp/torchinductor_<user>``, which
 a reboot or a fresh container empties, and then a restart compiles everything again. ``aieng
-serve`` points it at ``AIENG_COMPILE_CACHE_DIR`` (``./var/compile-cache``, beside the default
-store) in the master, before anything compiles; the workers and inductor's compile subprocesses
+serve`` points it at ``AIENG_COMPILE_CACHE_DIR`` (``~/.cache/aieng/compile-cache``: this user's,
+whatever the checkout or working directory, so a fresh clone finds the graphs an earlier one
+compiled; the cache keys hold the graph, the torch version and the compiler, not paths) in the
+master, before anything compiles; the workers and inductor's compile subprocesses
 inherit the environment. Dynamo's tracing is not cached: a warm cache shortens a compile, it does
 not remove it. The warm-up's last log line counts its cache hits and misses.
 """

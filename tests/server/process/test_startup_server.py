@@ -3,7 +3,8 @@ the log moves at least every 10 s, and a restart reuses torch.compile's on-disk 
 
 Two starts of the demo model with compilation on and two torch threads (so the worker warms up
 after fork, behind a listening socket, as a compute-bound model does); the compile cache is the
-default ``./var/compile-cache``, so only the first start on a machine compiles cold.
+default, the user's ``~/.cache/aieng/compile-cache``, so only the first start on a machine
+compiles cold.
 """
 
 import json
@@ -16,6 +17,7 @@ from pathlib import Path
 import httpx
 
 from aieng.bench.server_process import ServerProcess, free_port
+from aieng.settings import user_cache_dir
 
 ARGS = ["--workers", "1", "--torch-threads", "2", "--compile"]
 # Warm-up waits for every graph (on busy cores compiling can pass the default 60 s budget, and a
@@ -108,7 +110,8 @@ def test_start_up_is_visible_and_a_restart_reuses_the_compile_cache(demo_store):
     cache = next(line for line in lines if line["event"] == "compile_cache")
     assert cache["fx_graph_cache"] and cache["aot_autograd_cache"]
     if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:  # torch's own variable wins when set
-        assert cache["dir"] == str(Path(os.environ.get("AIENG_COMPILE_CACHE_DIR", "var/compile-cache")).resolve())
+        default = user_cache_dir() / "compile-cache"
+        assert cache["dir"] == str(Path(os.environ.get("AIENG_COMPILE_CACHE_DIR", default)).resolve())
 
     # a restart: every compiled graph comes from the on-disk cache the first start left
     with ServerProcess(store=demo_store.root, extra_args=ARGS, env=ENV) as again:
