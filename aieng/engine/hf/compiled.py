@@ -25,6 +25,7 @@ import logging
 
 import torch
 
+from aieng.engine.compile_keys import key_kernels_by_torch_version
 from aieng.engine.oom import is_out_of_memory
 
 log = logging.getLogger("aieng.engine")
@@ -34,6 +35,8 @@ class CompiledForward:
     def __init__(self, model, *, enabled: bool):
         self.model = model
         self.active = enabled  # False: eager (never compiled, or fell back)
+        if enabled:
+            key_kernels_by_torch_version()  # a new venv with this torch reuses the cached kernels
         self._compiled = torch.compile(model.forward, dynamic=True, options={"cpp_wrapper": True}) if enabled else None
         self._warm = False  # graphs exist for every form the engine calls: guards may be skipped
         self._rewarming = False  # a form warm-up missed is being compiled with full guards

@@ -12,6 +12,7 @@ import logging
 import torch
 import torch.nn.functional as F
 
+from aieng.engine.compile_keys import key_kernels_by_torch_version
 from aieng.engine.native import kernels, packed_weights
 from aieng.engine.native.compile_marks import mark_step_dynamic, own_copy
 from aieng.engine.native.llama import (
@@ -92,6 +93,8 @@ class NativeLlama:
         # size_asserts off: inductor's Python wrapper would check every buffer's size and stride on
         # every call (dozens per layer per step); the graph's inputs are already checked by dynamo's
         # guards and everything inside is inductor's own layout.
+        if compile_layers:
+            key_kernels_by_torch_version()  # a new venv with this torch reuses the cached kernels
         self.compiled_stack = (
             torch.compile(own_copy(run_layers), dynamic=None, options={"size_asserts": False})
             if compile_layers
