@@ -105,6 +105,23 @@ def test_each_weight_format_is_an_aieng_server_of_its_own_and_an_unknown_one_is_
     assert [env["AIENG_WEIGHT_FORMATS"] for _, env in started] == ["auto", "auto", "int8"]
     assert "--max-batch-size" in started[1][0] and "--max-batch-size" not in started[2][0]
 
+    # PSS is measured on the first format, 1 worker then 2, and the report says which
+    started.clear()
+    monkeypatch.setattr(serve_bench, "warm_up", lambda url, bodies: None)
+    monkeypatch.setattr(serve_bench, "worker_pss", lambda proc, n: [100 * 2**20] * n)
+    monkeypatch.setattr(serve_bench, "pss_bytes", lambda pid: 50 * 2**20)
+    Recorded.process = type("Process", (), {"pid": 1})
+    config = serve_bench.ServeBenchConfig(
+        concurrencies=(1,), weight_formats=("int4", "auto"), include_batching_off=False
+    )
+    bench = serve_bench.run_serve_bench("store", "m@1", "dir", None, config, log=lambda m: None)
+    pss_runs = started[2:]
+    assert [(args, env["AIENG_WEIGHT_FORMATS"]) for args, env in pss_runs] == [
+        (["--workers", "1"], "int4"),
+        (["--workers", "2"], "int4"),
+    ]
+    assert bench.pss["weight_format"] == "int4" and bench.pss["ratio"] == 250 / 150
+
     assert main(["bench", "serve", "--weight-formats", "auto,int2"]) == 1
     assert "--weight-formats 'auto,int2': choose from auto, float32" in capsys.readouterr().err
 
