@@ -346,6 +346,7 @@ def pytest_collection_modifyitems(config, items):
             "nodeid": item.nodeid,
             "tiers": sorted({m.name for m in item.iter_markers() if m.name in TIERS}),
             "perf": item.get_closest_marker("perf") is not None,
+            "alone": runs_alone(item),
         }
         for item in items
     ]
@@ -394,9 +395,17 @@ def pytest_unconfigure(config):
         os._exit(0)
 
 
+def runs_alone(item) -> bool:
+    """A test that asserts a timing bound (``perf``) runs alone, unless it only judges what a
+    fixture measured alone already (``perf(alone=False)``): waiting for the machine then buys
+    nothing."""
+    perf = item.get_closest_marker("perf")
+    return perf is not None and perf.kwargs.get("alone", True)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     """Setup, call and teardown under a shared claim on the machine, or alone for a test that
-    asserts a timing bound (``perf``): tests/machine_share.py."""
-    with machine.alone() if item.get_closest_marker("perf") else machine.shared():
+    asserts a timing bound (``runs_alone``): tests/machine_share.py."""
+    with machine.alone() if runs_alone(item) else machine.shared():
         yield

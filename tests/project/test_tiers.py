@@ -44,7 +44,7 @@ def collect(tmp_path, *paths: str) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def collected(request, collected_tiers, tmp_path_factory) -> dict[str, dict]:
-    """``nodeid -> {"tiers", "perf"}`` for every test of ``make test``: what this session collected
+    """``nodeid -> {"tiers", "perf", "alone"}`` for every test of ``make test``: what this session collected
     when it collected all of tests/ (``make test``, ``make test-fast``: before ``-m`` deselected),
     else a collection run; the notebooks' cells from a collection run unless collected here."""
     rows = collected_tiers
@@ -102,6 +102,13 @@ def test_perf_marks_timing_bounds_beside_the_tier(collected):
     row = collected["tests/evaluation/test_suite.py::test_the_demo_evaluation_takes_under_a_minute"]
     assert row["perf"] and row["tiers"] == ["model"]
     assert not collected["tests/evaluation/test_suite.py::test_demo_model_meets_the_quality_bar"]["perf"]
+
+
+def test_a_perf_test_runs_alone_unless_it_judges_what_a_fixture_measured_alone(collected):
+    assert collected["tests/evaluation/test_suite.py::test_the_demo_evaluation_takes_under_a_minute"]["alone"]
+    judged = collected["tests/server/process/test_hot_swap.py::test_a_swap_does_not_stall_the_streams_it_serves"]
+    assert judged["perf"] and not judged["alone"]
+    assert not any(row["alone"] and not row["perf"] for row in collected.values())
 
 
 def test_every_file_that_starts_a_server_has_server_tests(collected):
