@@ -216,12 +216,13 @@ def run_peer(
     """Measure one peer; a peer that is missing or fails is recorded in ``peer_errors``, not raised."""
     from aieng.bench.gguf_export import cached_export
     from aieng.model_facts import context_length
+    from aieng.settings import user_cache_dir
 
     try:
         check_available(spec)
         gguf = None
         if spec.fmt is not None:
-            cache = config.gguf_cache or Path.home() / ".cache" / "aieng" / "gguf"
+            cache = config.gguf_cache or user_cache_dir() / "gguf"
             log(f"[bench serve] {spec.label}: GGUF ({spec.fmt}) in {cache}")
             gguf = cached_export(model_dir, cache, spec.fmt)
         threads = peer_threads(config.peer_threads, model_dir)
