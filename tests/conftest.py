@@ -397,8 +397,8 @@ def pytest_unconfigure(config):
 
 def runs_alone(item) -> bool:
     """A test that asserts a timing bound (``perf``) runs alone, unless it only judges what a
-    fixture measured alone already (``perf(alone=False)``): waiting for the machine then buys
-    nothing."""
+    fixture measured already (``perf(alone=False)``: alone, or beside the other worker with a
+    bound that allows for it): waiting for the machine then buys nothing."""
     perf = item.get_closest_marker("perf")
     return perf is not None and perf.kwargs.get("alone", True)
 

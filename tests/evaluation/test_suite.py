@@ -106,6 +106,6 @@ def test_demo_model_meets_the_quality_bar(demo_report):
     assert report.perplexity < 1.5
 
 
-@pytest.mark.perf
+@pytest.mark.perf(alone=False)  # demo_report was timed beside the other worker: waiting now buys nothing
 def test_the_demo_evaluation_takes_under_a_minute(demo_report):
     assert demo_report.seconds < 60
