@@ -203,8 +203,7 @@ def balancer(tmp_path):
 def test_replicas_behind_haproxy_scale_roll_over_and_survive_a_kill(demo_store, balancer, render):
     """One scenario, three checks in the order an operator meets them (two replica starts fewer
     than three separate tests: each costs seconds on 2 cores)."""
-    with ThreadPoolExecutor(2) as starting:  # the first pair starts side by side, as a scale-up would
-        replicas = dict(enumerate(starting.map(lambda slot: start_replica(demo_store, balancer, slot), (0, 1))))
+    replicas = {0: start_replica(demo_store, balancer, 0), 1: start_replica(demo_store, balancer, 1)}
     stream_body = {
         "model": "demo",
         "prompt": render("reverse: egg fish gold"),
