@@ -142,6 +142,13 @@ def _eval(args: argparse.Namespace) -> int:
     if result.get("variant"):
         delta, variant = result["delta"], result["variant"]
         print(f"  {variant} delta " + ", ".join(f"{f} {d:+.1%}" for f, d in delta["accuracy"].items()))
+        same = result["agreement"]
+        if same["greedy_cases"]:
+            changed = f" (changed: {', '.join(same['changed'])}{', ...' if len(same['changed']) == 5 else ''})"
+            print(
+                f"  {variant} greedy answers equal to full precision's: {same['same_answer']:.1%} of "
+                f"{same['greedy_cases']}" + (changed if same["changed"] else "")
+            )
         print(f"written to the manifest's `eval.variants.{variant}` field")
     elif args.url and not args.record:
         print("not recorded (add --record to keep it in the manifest)")

@@ -155,6 +155,8 @@ def evaluate_version(
             },
             "perplexity": _delta(report.perplexity, metrics.get("perplexity")),
         }
+        greedy = {case.id for case in chosen.gate_cases(n_per_family) if case.greedy}
+        entry["agreement"] = same_answers(base.get("cases", []), report.cases, greedy)
         entry.pop("cases")  # the variant's numbers and delta; its answers are the base's question
         entry = {**base, "variants": {**base.get("variants", {}), variant: entry}}
         store.update_manifest(ModelRef(ref.name, loaded.version), eval=entry)
@@ -170,6 +172,18 @@ def evaluate_version(
         entry["variants"] = loaded.manifest.eval["variants"]  # measured against the earlier numbers
     store.update_manifest(ModelRef(ref.name, loaded.version), eval=entry)
     return {"name": ref.name, "version": loaded.version, "mistakes": report.mistakes, **entry}
+
+
+def same_answers(full: list[dict], rounded: list[dict], greedy: set[str]) -> dict:
+    """The rounded model's greedy answers against full precision's, case by case (each as the
+    manifest keeps it, its first ``ANSWER_KEPT_CHARS``): how many were compared, the share that are
+    the same text, and the first ids that changed. What a rounding does to a model whose suite has
+    no labels (a random-weight stand-in grades nothing, yet its answers can still move)."""
+    kept = {case["id"]: case["answer"] for case in full if case["id"] in greedy}
+    compared = [(case["id"], case["answer"] == kept[case["id"]]) for case in rounded if case["id"] in kept]
+    changed = [case_id for case_id, same in compared if not same]
+    share = round(1 - len(changed) / len(compared), 4) if compared else None
+    return {"greedy_cases": len(compared), "same_answer": share, "changed": changed[:5]}
 
 
 def _delta(new: float | None, old: float | None) -> float | None:

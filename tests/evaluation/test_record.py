@@ -3,7 +3,7 @@
 import pytest
 
 from aieng.errors import StoreError
-from aieng.evaluation.record import evaluate_version
+from aieng.evaluation.record import evaluate_version, same_answers
 from aieng.store import ModelRef, ModelStore
 
 
@@ -91,6 +91,10 @@ def test_a_weights_variant_grades_the_rounding_serving_runs_and_undoes_it(store,
     assert entry["delta"]["perplexity"] == pytest.approx(
         entry["metrics"]["perplexity"] - base["metrics"]["perplexity"], abs=1e-3
     )
+    greedy = [case for case in base["cases"] if case["id"] in {c.id for c in suite_cases(store, ref) if c.greedy}]
+    agreement = entry["agreement"]
+    assert agreement["greedy_cases"] == len(greedy) > 0 and 0.0 <= agreement["same_answer"] <= 1.0
+    assert set(agreement["changed"]) <= {case["id"] for case in greedy}
 
     fmt = int8_weights if variant == "int8_weights" else int4_weights
     rounds_input = getattr(fmt, "round_input", lambda x: x)
@@ -178,3 +182,28 @@ def test_register_suite_replaces_the_folders_own_and_keeps_its_text(tmp_path, ti
     assert thresholds.min_agreement == 0.95 and thresholds.max_perplexity == 1000 and thresholds.max_regression == 0.01
     result = evaluate_version(store, ModelRef("tiny", "1"))
     assert result["metrics"]["accuracy"] == {} and result["metrics"]["text_perplexity"] > 1
+
+
+def suite_cases(store, ref, n_per_family=4):
+    from aieng.evaluation.record import suite_for
+
+    return suite_for(store, ref).gate_cases(n_per_family)
+
+
+def test_agreement_counts_greedy_answers_equal_to_full_precision_and_names_the_changed():
+    full = [
+        {"id": "a", "answer": "x"},
+        {"id": "b", "answer": "y"},
+        {"id": "c", "answer": "z"},
+        {"id": "s", "answer": "q"},
+    ]
+    rounded = [
+        {"id": "a", "answer": "x"},
+        {"id": "b", "answer": "y!"},
+        {"id": "c", "answer": "z"},
+        {"id": "s", "answer": "?"},
+    ]
+    same = same_answers(full, rounded, greedy={"a", "b", "c"})  # "s" is sampled: not compared
+    assert same == {"greedy_cases": 3, "same_answer": pytest.approx(2 / 3, abs=1e-4), "changed": ["b"]}
+    assert same_answers(full, full, greedy={"a", "b", "c", "s"})["same_answer"] == 1.0
+    assert same_answers([], rounded, greedy={"a"}) == {"greedy_cases": 0, "same_answer": None, "changed": []}
