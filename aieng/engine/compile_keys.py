@@ -13,7 +13,7 @@ see the commit that added this module.
 version and build, and the environment's prefix as a placeholder. The same torch in another folder
 then finds the kernels; a different torch (other headers, another ABI) still gets keys of its own,
 since its version is in them. Only the key changes: the compiler still runs with the real paths.
-aieng's own kernel library (``engine/native/kernels``) is named the same way.
+aieng's own kernel library (``engine/native/kernels``) is named with the same rule (``without_environment``).
 """
 
 from __future__ import annotations
@@ -28,12 +28,25 @@ def environment_free(text: str, torch_dir: str, prefix: str, torch_build: str) -
     return text.replace(torch_dir, f"<torch {torch_build}>").replace(prefix, "<environment>")
 
 
+def torch_build() -> str:
+    """This torch's version and the commit it was built from: what a key holds in place of its folder."""
+    import torch
+
+    return f"{torch.__version__} {getattr(torch.version, 'git_version', '')}".strip()
+
+
+def without_environment(text: str) -> str:
+    """``text`` (a compiler command line) with this process's torch folder and environment prefix
+    replaced, as ``environment_free`` does: the part of a cache key that must not name them."""
+    import torch
+
+    return environment_free(text, os.path.dirname(os.path.abspath(torch.__file__)), sys.prefix, torch_build())
+
+
 def key_kernels_by_torch_version() -> bool:
     """Install the keying in this process (once; later calls do nothing). Returns whether it is
     installed: False where this torch's cache has no ``codecache.write`` of the expected kind, and
     then the cache keeps its own keys."""
-    import torch
-
     try:
         from torch._inductor import codecache
     except ImportError:  # a torch without inductor
@@ -43,12 +56,10 @@ def key_kernels_by_torch_version() -> bool:
         return False
     if getattr(write, "aieng_keyed", False):
         return True
-    torch_dir = os.path.dirname(os.path.abspath(torch.__file__))
-    torch_build = f"{torch.__version__} {getattr(torch.version, 'git_version', '')}".strip()
 
     def keyed_write(content, extension, extra="", *args, **kwargs):
         if isinstance(extra, str) and extra:
-            extra = environment_free(extra, torch_dir, sys.prefix, torch_build)
+            extra = without_environment(extra)
         return write(content, extension, extra, *args, **kwargs)
 
     keyed_write.aieng_keyed = True

@@ -35,6 +35,8 @@ from pathlib import Path
 
 import torch
 
+from aieng.engine.compile_keys import torch_build, without_environment
+
 log = logging.getLogger("aieng.engine")
 
 SOURCES = tuple(Path(__file__).with_name(name) for name in ("decode_attention.cpp", "matvec.cpp"))
@@ -122,9 +124,8 @@ def library_path(cxx: str) -> Path:
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
     key = hashlib.sha256(b"".join(source.read_bytes() for source in SOURCES))
     places = {str(source): source.name for source in SOURCES}
-    torch_dir = str(Path(torch.__file__).parent)
-    command = [places.get(part, part).replace(torch_dir, "<torch>") for part in build_command(cxx, Path("out"))]
-    for part in (" ".join(command), torch.__version__, version):
+    command = " ".join(places.get(part, part) for part in build_command(cxx, Path("out")))
+    for part in (without_environment(command), torch_build(), version):  # inductor's kernels: the same rule
         key.update(part.encode())
     return cache_dir() / f"aieng_kernels-{key.hexdigest()[:16]}.so"
 
