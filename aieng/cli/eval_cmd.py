@@ -142,9 +142,12 @@ def _eval(args: argparse.Namespace) -> int:
     if result.get("variant"):
         delta, variant = result["delta"], result["variant"]
         print(f"  {variant} delta " + ", ".join(f"{f} {d:+.1%}" for f, d in delta["accuracy"].items()))
+        from aieng.evaluation.record import CHANGED_KEPT
+
         same = result["agreement"]
         if same["greedy_cases"]:
-            changed = f" (changed: {', '.join(same['changed'])}{', ...' if len(same['changed']) == 5 else ''})"
+            more = ", ..." if len(same["changed"]) == CHANGED_KEPT else ""
+            changed = f" (changed: {', '.join(same['changed'])}{more})"
             print(
                 f"  {variant} greedy answers equal to full precision's: {same['same_answer']:.1%} of "
                 f"{same['greedy_cases']}" + (changed if same["changed"] else "")

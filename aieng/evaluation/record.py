@@ -22,6 +22,7 @@ from aieng.store.introspect import prompt_template
 # delta: int8 dynamic quantization (``--int8``), bf16, int8 or int4 weights (``--dtype``), a
 # bf16 KV cache (``--kv-cache-dtype``).
 VARIANTS = (None, "int8", "bfloat16", "int8_weights", "int4_weights", "kv_bfloat16")
+CHANGED_KEPT = 5  # a variant's agreement names this many of the cases whose answer changed
 
 
 def suite_for(store: ModelStore, ref: ModelRef, suite: Suite | str | Path | None = None) -> Suite:
@@ -183,7 +184,7 @@ def same_answers(full: list[dict], rounded: list[dict], greedy: set[str]) -> dic
     compared = [(case["id"], case["answer"] == kept[case["id"]]) for case in rounded if case["id"] in kept]
     changed = [case_id for case_id, same in compared if not same]
     share = round(1 - len(changed) / len(compared), 4) if compared else None
-    return {"greedy_cases": len(compared), "same_answer": share, "changed": changed[:5]}
+    return {"greedy_cases": len(compared), "same_answer": share, "changed": changed[:CHANGED_KEPT]}
 
 
 def _delta(new: float | None, old: float | None) -> float | None:
