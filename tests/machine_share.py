@@ -3,7 +3,7 @@
 ``make test`` runs the suite on two pytest-xdist workers. Every test holds a shared claim on the
 machine while it runs, setup to teardown (``tests/conftest.py``); a test that asserts a timing or
 throughput bound (marked ``perf``; ``perf(alone=False)`` where it only judges what a fixture
-measured alone), or a fixture or lesson cell that measures one (``machine.alone()``), takes it
+measured already), or a fixture or lesson cell that measures one (``machine.alone()``), takes it
 alone: the other worker finishes its current test and waits, so
 the measurement is made on a quiet machine, as a benchmark would be. Outside xdist every claim is
 a no-op.
