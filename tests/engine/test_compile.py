@@ -212,9 +212,10 @@ def test_native_layer_compile_failure_falls_back_to_eager_and_keeps_serving(demo
     engine.runner.net.compiled_stack = broken
     engine.runner.compiled_ready = True  # as if warm-up had built the graphs
     params = SamplingParams(max_tokens=8, temperature=0)
-    got = engine.generate([render(TASKS[1])], params)[0]
-    want = Engine(model, tokenizer, config=EAGER).generate([render(TASKS[1])], params)[0]
-    assert got.token_ids == want.token_ids
+    prompts = [render(TASKS[1]), render(TASKS[2])]  # two decode rows: one row runs in no graph (one_row)
+    got = engine.generate(prompts, params)
+    want = Engine(model, tokenizer, config=EAGER).generate(prompts, params)
+    assert [g.token_ids for g in got] == [w.token_ids for w in want]
     assert not engine.compiled and engine.compile_status == "failed"
     assert any("continuing eagerly" in r.getMessage() for r in caplog.records)
 

@@ -95,12 +95,13 @@ def test_the_library_name_follows_the_sources_content_not_where_they_lie(tmp_pat
     cxx = kernels.compiler()
     here = kernels.library_path(cxx)
     copies = []
-    for source in kernels.SOURCES:
+    for source in kernels.SOURCES + kernels.HEADERS:
         copy = tmp_path / "elsewhere" / source.name
         copy.parent.mkdir(exist_ok=True)
         copy.write_bytes(source.read_bytes())
         copies.append(copy)
-    monkeypatch.setattr(kernels, "SOURCES", tuple(copies))
+    monkeypatch.setattr(kernels, "SOURCES", tuple(copies[: len(kernels.SOURCES)]))
+    monkeypatch.setattr(kernels, "HEADERS", tuple(copies[len(kernels.SOURCES) :]))
     assert kernels.library_path(cxx) == here
     torch_dir, other_venv = str(Path(torch.__file__).parent), str(tmp_path / "venv" / "torch")
     for name in ("include_paths", "library_paths"):
@@ -110,7 +111,7 @@ def test_the_library_name_follows_the_sources_content_not_where_they_lie(tmp_pat
         )
     monkeypatch.setattr(torch, "__file__", other_venv + "/__init__.py")
     assert kernels.library_path(cxx) == here
-    copies[-1].write_text(copies[-1].read_text() + "\n// changed\n")
+    copies[-1].write_text(copies[-1].read_text() + "\n// changed\n")  # a header: the kernels the sources include
     assert kernels.library_path(cxx) != here
 
 

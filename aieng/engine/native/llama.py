@@ -25,8 +25,9 @@ engine runs its own forward over the same weights:
   its kernels once and the compiled stack calls them for every layer. Compile time does not grow
   with depth, and a step crosses from Python into compiled code once, not once per layer (each
   ``torch.compile`` call pays for guards and wrappers, which per layer cost a large share of a
-  batch-1 step). Decode-only steps use it; steps with a prefill chunk, which are compute-bound,
-  run eagerly.
+  batch-1 step). Decode steps of 2+ rows use it; steps with a prefill chunk, which are
+  compute-bound, run eagerly; a step of one decoding row runs every layer in one call of aieng's
+  kernels instead (``one_row``), where what a graph adds per layer is most of what is left.
 
 What it serves is decided by ``serving_path`` (llama, mistral and qwen2 configurations it is exact
 for, checked against ``generate()`` row by row of ``serving_table``): every projection's bias as

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from aieng.engine.compile_keys import key_kernels_by_torch_version
-from aieng.engine.native import kernels, packed_weights
+from aieng.engine.native import kernels, one_row, packed_weights
 from aieng.engine.native.compile_marks import mark_step_dynamic, own_copy
 from aieng.engine.native.llama import (
     AttentionPlan,
@@ -87,6 +87,12 @@ class NativeLlama:
                 for matrix in w.matrices:
                     packed_weights.pack(matrix)
         self.dtype = self.lm_head.dtype
+        # A step of one decoding row runs every layer in one call of aieng's kernels (``one_row``),
+        # where they compute what ``decoder_layer`` does for each copy of the weights kept.
+        copies = [c for c in (self.layers, self.layers_bf16, self.layers_quantized) if c is not None]
+        self.one_row = (
+            one_row.OneRowStep(self.dims) if all(one_row.fits(c, self.dims, self.dtype) for c in copies) else None
+        )
         # Static by default (weights, hidden size); the step's row count and attention span, and the
         # cache's slot count and capacity, are marked dynamic (``mark_step_dynamic``,
         # ``mark_cache_dynamic``) so one graph serves every batch of 2+ rows.
@@ -155,6 +161,10 @@ class NativeLlama:
         if decode_tokens is not None:
             xd = self.embed(decode_tokens)
             cos_d, sin_d = self.rotary_at(xd, plan.decode_pos)
+        layers = self.weights(bf16, quantized)
+        if self.one_row is not None and prefill_tokens is None and xd is not None and xd.shape[0] == 1:
+            position = int(plan.decode_pos[0])
+            return self.one_row.hidden(xd, cos_d, sin_d, position, plan.decode_first, layers, cache.keys, cache.values)
         if prefill_tokens is not None:
             xp = self.embed(prefill_tokens)
             n, chunk = prefill_tokens.shape
@@ -162,7 +172,6 @@ class NativeLlama:
                 t.view(n, chunk, 1, -1) for t in self.rotary_at(xp.flatten(0, 1), prefill_positions.flatten())
             )
         rotary = (cos_d, sin_d, cos_p, sin_p)
-        layers = self.weights(bf16, quantized)
         if compiled and self.compiled_stack is not None:
             mark_step_dynamic(xd, xp, rotary, plan)
             xd, xp = self.compiled_stack(xd, xp, rotary, layers, self.dims, cache.keys, cache.values, plan)

@@ -39,7 +39,8 @@ from aieng.engine.compile_keys import torch_build, without_environment
 
 log = logging.getLogger("aieng.engine")
 
-SOURCES = tuple(Path(__file__).with_name(name) for name in ("decode_attention.cpp", "matvec.cpp"))
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("decode_attention.cpp", "matvec.cpp", "one_row.cpp"))
+HEADERS = tuple(Path(__file__).with_name(name) for name in ("attention_kernels.h", "matvec_kernels.h"))
 MATVEC_MAX_ROWS = 4  # matvec.cpp's kMaxRows
 BUILD_TIMEOUT_S = 600
 
@@ -122,7 +123,7 @@ def library_path(cxx: str) -> Path:
     same aieng and torch (a fresh clone, a new release directory, a rebuilt image on a kept cache
     volume) loads the library instead of building it again."""
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
-    key = hashlib.sha256(b"".join(source.read_bytes() for source in SOURCES))
+    key = hashlib.sha256(b"".join(source.read_bytes() for source in SOURCES + HEADERS))
     places = {str(source): source.name for source in SOURCES}
     command = " ".join(places.get(part, part) for part in build_command(cxx, Path("out")))
     for part in (without_environment(command), torch_build(), version):  # inductor's kernels: the same rule
@@ -168,6 +169,7 @@ def load() -> str | None:
             torch.library.register_fake("aieng::matvec")(_matvec_shape)
             torch.library.register_fake("aieng::matvec_int8")(_matvec_int8_shape)
             torch.library.register_fake("aieng::matvec_int4")(_matvec_int8_shape)
+            torch.library.register_fake("aieng::one_row_layers")(_one_row_layers_shape)
             _state["loaded"] = True
         except Exception as exc:  # noqa: BLE001 - any failure means: serve with PyTorch's attention
             _state["error"] = f"{type(exc).__name__}: {exc}"
@@ -189,6 +191,10 @@ def _matvec_shape(x, weight):
 
 def _matvec_int8_shape(x, weight, scales):
     return x.new_empty((x.shape[0], weight.shape[0]))
+
+
+def _one_row_layers_shape(x, cos, sin, position, slot, layers, keys, values, heads, kv_heads, head_dim, eps):
+    return torch.empty_like(x)
 
 
 def matvec_fits(weight: torch.Tensor) -> bool:
