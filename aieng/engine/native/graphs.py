@@ -102,7 +102,8 @@ def build_graphs(runner, progress: Callable[[str], None] = lambda detail: None) 
                 scratch_step(runner, scratch, shape, size)
     if GraphShape(1, 0, False) in shapes and GraphShape(1, 0, True) in shapes and runner.timed_one_row_bf16 is None:
         runner.timed_one_row_bf16 = _faster_one_row_format(runner, scratch)
-    build_head(runner.net, bf16=runner.one_row_bf16, quantized=bool(runner.quantized_rows), progress=progress)
+    if runner.net.one_row is None:  # else the row's output projection runs eagerly: cheaper than a graph's guards
+        build_head(runner.net, bf16=runner.one_row_bf16, quantized=bool(runner.quantized_rows), progress=progress)
     if not runner.one_row_bf16 and not runner.formats.uses_bf16:
         runner.net.layers_bf16 = None  # no step uses the copy: give its memory back
         runner.net.lm_head_bf16 = None
