@@ -147,7 +147,7 @@ def _build(cxx: str, target: Path) -> None:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-    log.info("built the CPU kernels (decode attention, matvec) in %.1f s", time.monotonic() - started)
+    log.info("built the CPU kernels (decode attention, matvec, the one-row step) in %.1f s", time.monotonic() - started)
 
 
 def load() -> str | None:
