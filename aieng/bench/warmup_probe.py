@@ -19,10 +19,14 @@ def first_request_latency(
     compile: bool = False,
     requests: int = 5,
     max_tokens: int = 16,
+    users: int = 1,
     timeout: float = 900,
 ) -> dict:
-    """Run a child process and return {load_s, warmup_s, latencies_ms} for the first ``requests``."""
-    args = [sys.executable, "-m", "aieng.bench.warmup_probe", str(model_dir), str(requests), str(max_tokens)]
+    """Run a child process and return {load_s, warmup_s, latencies_ms} for the first ``requests``,
+    each ``users`` prompts generated together (as that many users at once: a step of 2+ decode
+    rows runs a compiled graph, a lone row's step none on the native forward)."""
+    args = [sys.executable, "-m", "aieng.bench.warmup_probe", str(model_dir)]
+    args += [str(requests), str(max_tokens), str(users)]
     args += ["--warmup"] if warmup else []
     args += ["--compile"] if compile else []
     done = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
@@ -37,7 +41,7 @@ def _main(argv: list[str]) -> int:
     from aieng.engine.chat import user_prompt
     from aieng.loading.loader import load_folder
 
-    model_dir, requests, max_tokens = argv[0], int(argv[1]), int(argv[2])
+    model_dir, requests, max_tokens, users = argv[0], int(argv[1]), int(argv[2]), int(argv[3])
     loaded = load_folder(model_dir)
     load_s = time.perf_counter() - start
     engine = Engine(loaded.model, loaded.tokenizer, config=EngineConfig(compile="--compile" in argv))
@@ -53,7 +57,7 @@ def _main(argv: list[str]) -> int:
     latencies = []
     for _ in range(requests):
         t0 = time.perf_counter()
-        engine.generate([prompt], SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True))
+        engine.generate([prompt] * users, SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True))
         latencies.append((time.perf_counter() - t0) * 1000)
     print(json.dumps({"load_s": load_s, "warmup_s": warmup_s, "latencies_ms": latencies}))
     return 0
