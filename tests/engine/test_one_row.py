@@ -2,6 +2,9 @@
 same hidden state and the same cache writes as the decoder layers it replaces, in every weight
 format and cache dtype, on architectures with and without biases; a bad call changes nothing."""
 
+import gc
+import weakref
+
 import pytest
 import torch
 
@@ -125,3 +128,12 @@ def test_batch_1_answers_are_the_decoder_layers_answers(built, demo, render):
     engine.runner.net.one_row = None
     plain = [engine.generate([p], params)[0].token_ids for p in prompts]
     assert fused == plain
+
+
+def test_a_dropped_bf16_copy_frees_its_memory_after_the_op_has_run_on_it(built, qwen):
+    net = native(qwen[0])
+    one_step(net, history_cache(net, torch.float32), fused=True, bf16=True, quantized=False)  # the op keeps a view
+    copy = weakref.ref(net.layers_bf16[0].qkv)
+    net.drop_bf16_copy()
+    gc.collect()
+    assert net.layers_bf16 is None and net.lm_head_bf16 is None and copy() is None

@@ -105,8 +105,7 @@ def build_graphs(runner, progress: Callable[[str], None] = lambda detail: None) 
     if runner.net.one_row is None:  # else the row's output projection runs eagerly: cheaper than a graph's guards
         build_head(runner.net, bf16=runner.one_row_bf16, quantized=bool(runner.quantized_rows), progress=progress)
     if not runner.one_row_bf16 and not runner.formats.uses_bf16:
-        runner.net.layers_bf16 = None  # no step uses the copy: give its memory back
-        runner.net.lm_head_bf16 = None
+        runner.net.drop_bf16_copy()  # no step uses the copy: give its memory back
     return time.perf_counter() - start
 
 

@@ -203,6 +203,13 @@ class NativeLlama:
             cos, sin = self.rotary(probe, torch.arange(positions, device=probe.device)[None])
         self._rotary_table = (cos[0, :, None, :].contiguous(), sin[0, :, None, :].contiguous())
 
+    def drop_bf16_copy(self) -> None:
+        """Give the bf16 copy's memory back (no step uses it), including the one-row step's view of it."""
+        if self.one_row is not None:
+            self.one_row.forget(self.layers_bf16)
+        self.layers_bf16 = None
+        self.lm_head_bf16 = None
+
     def head(self, bf16: bool) -> torch.Tensor:
         return self.lm_head_bf16 if bf16 and self.lm_head_bf16 is not None else self.lm_head
 

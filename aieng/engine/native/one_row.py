@@ -80,6 +80,11 @@ class OneRowStep:
             dims.eps,
         )
 
+    def forget(self, layers: list[LayerWeights] | None) -> None:
+        """Drop the flat list of a weight copy the model gives up, so its memory goes with it."""
+        if layers is not None:
+            self._flat.pop(id(layers), None)
+
     def _tensors(self, layers: list[LayerWeights]) -> list:
         kept = self._flat.get(id(layers))
         if kept is None or kept[0] is not layers:  # keyed by the list, kept alive beside its tensors

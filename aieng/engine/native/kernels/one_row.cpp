@@ -118,7 +118,7 @@ at::Tensor one_row_layers(const at::Tensor& x, const at::Tensor& cos, const at::
   const float scale = 1.f / std::sqrt(static_cast<float>(d));
   at::Tensor hidden = x.contiguous().clone();
   float* h = hidden.data_ptr<float>();
-  std::vector<float> normed(D), qkv(q_size + 2 * kv_size), attn(q_size), mixed;
+  std::vector<float> normed(D), qkv(q_size + 2 * kv_size), attn(q_size), projected(D), mixed;
   const auto floats = x.options();
   // Every layer's arguments are checked before the first is run: a bad call writes no cache.
   std::vector<Layer> stack;
@@ -162,7 +162,6 @@ at::Tensor one_row_layers(const at::Tensor& x, const at::Tensor& cos, const at::
       write_cache<float>(v_cache, slot, position, v, kv_heads, d);
       attention_kernels::decode_attention_impl<float>(query, k_cache, v_cache, {position + 1}, slot, scale, out);
     }
-    std::vector<float> projected(D);
     project(attn.data(), p_o, projected.data());
     for (int64_t i = 0; i < D; ++i) h[i] += projected[i];
 
