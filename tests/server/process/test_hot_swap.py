@@ -164,8 +164,23 @@ def test_a_tampered_version_is_refused_and_the_old_one_keeps_serving(server, sto
             timeout=60,
         )
         assert reply.status_code == 200 and reply.headers["x-model-version"] == "1"
-        # both workers refused it: the one the reload reached, and the other when it polled `current`
-        assert poll(lambda: swaps_failed() >= failed_before + 2, timeout=60, poll_s=0.1)
+        # both workers refused it: the one the reload reached, and the other when it polled
+        # `current`. Judged per worker (pid), not by the swap counter, which one worker alone
+        # can move twice: its own poll may refuse the version just before the forced reload does
+        pids = set(worker_versions(server.base_url))
+        refused = {}
+
+        def every_worker_refused():
+            status = httpx.get(f"{server.base_url}/admin/status", headers=AUTH).json()
+            refused[status["pid"]] = status
+            return all(str(pid) in map(str, refused) for pid in pids) and all(
+                s["swap"] is not None and s["swap"]["status"] == "failed" and s["swap"]["version"] == "3"
+                for s in refused.values()
+            )
+
+        assert poll(every_worker_refused, timeout=60, poll_s=0.1), refused
+        assert all(s["version"] == "1" for s in refused.values()), refused
+        assert swaps_failed() >= failed_before + 2
         ready = httpx.get(f"{server.base_url}/health/ready").json()
         assert ready["version"] == "1" and ready["swap"]["status"] == "failed" and ready["swap"]["version"] == "3"
         assert set(worker_versions(server.base_url).values()) == {"1"}
