@@ -118,7 +118,11 @@ class Settings:
         "tokens a stream may have generated but not yet handed to a slow "
         "client; past it the request is cancelled and logged (slow_client)",
     )
-    max_queue_delay_ms: float = _setting(10.0, "an idle engine waits this long to prefill a burst together")
+    max_queue_delay_ms: float = _setting(
+        0.0,
+        "an idle engine waits this long for more requests before a prefill; 0 admits at once "
+        "(as vLLM, TGI and Triton do); a few ms batch a burst's prefills at the cost of every lone request's TTFT",
+    )
     request_timeout_s: float = _setting(300.0, "deadline of requests without a `timeout` field (504 after it)")
     max_requests: int = _setting(
         10000,

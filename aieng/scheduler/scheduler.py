@@ -240,7 +240,9 @@ class Scheduler:
         return rows - sum(q.rows for q in self.running.values())
 
     def _ready_to_admit(self, now: float) -> bool:
-        """An idle engine waits up to max_queue_delay_ms so that a burst prefills together."""
+        """A busy engine admits between steps; an idle one admits at once, or (``max_queue_delay_ms``
+        above 0) waits that long for companions so that a burst prefills together: every lone
+        request pays the wait in its time to first token, so the default does not wait."""
         if not len(self.queue) or self._room() <= 0:
             return False
         if self.running or len(self.queue) >= self.config.max_batch_size:
