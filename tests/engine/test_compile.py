@@ -183,6 +183,25 @@ def test_the_one_row_output_projection_compiles_where_one_call_does_not_serve_th
         net.head_ready = False
 
 
+def test_a_prompt_that_reaches_an_idle_engine_prefills_in_its_own_graph_and_matches_eager(
+    compiled_engine, demo, render
+):
+    """The prefill of a lone user's request, once per request: compiled (``GraphShape(0, 1)``),
+    whatever the prompt's length (one token, where a span of 1 would need a graph of its own), with
+    eager's tokens and no graph built after warm-up."""
+    model, tokenizer = demo
+    graphs = counters["stats"]["unique_graphs"]
+    runner = compiled_engine.runner
+    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    eager = Engine(model, tokenizer, config=EAGER)
+    for ids in (compiled_engine.encode(render(TASKS[2])), compiled_engine.encode(render(TASKS[6])), [1]):
+        before = runner.steps_by_graph.copy()
+        got = compiled_engine.generate([ids], params)[0]
+        assert (runner.steps_by_graph - before)[GraphShape(0, 1, False)] == 1
+        assert got.token_ids == eager.generate([ids], params)[0].token_ids
+    assert counters["stats"]["unique_graphs"] == graphs, "a prefill compiled a new graph"
+
+
 @pytest.mark.parametrize("engine_fixture", ["compiled_engine", "compiled_hf_engine"])
 def test_a_lone_one_token_prompt_needs_no_new_graph(engine_fixture, request):
     compiled_engine = request.getfixturevalue(engine_fixture)
@@ -294,18 +313,23 @@ def test_the_layer_is_traced_once_and_stamped_out_for_every_other_layer(demo):
 @pytest.mark.parametrize(
     "bf16_from, want",
     [
-        ((), [(1, 0, False), (2, 0, False), (2, 1, False), (2, 2, False)]),
+        ((), [(1, 0, False), (2, 0, False), (0, 1, False), (2, 1, False), (2, 2, False)]),
         (
             ((1, False), (8, True)),
-            [(1, 0, False), (2, 0, False), (2, 0, True), (2, 1, False), (2, 1, True), (2, 2, False), (2, 2, True)],
+            [(1, 0, False), (2, 0, False), (2, 0, True), (0, 1, False), (0, 1, True)]
+            + [(2, 1, False), (2, 1, True), (2, 2, False), (2, 2, True)],
         ),
         # the plan moved: the same graphs, so a restart finds them in the compile cache
         (
             ((1, False), (16, True)),
-            [(1, 0, False), (2, 0, False), (2, 0, True), (2, 1, False), (2, 1, True), (2, 2, False), (2, 2, True)],
+            [(1, 0, False), (2, 0, False), (2, 0, True), (0, 1, False), (0, 1, True)]
+            + [(2, 1, False), (2, 1, True), (2, 2, False), (2, 2, True)],
         ),
-        (((1, True),), [(1, 0, True), (2, 0, True), (2, 1, True), (2, 2, True)]),
-        (((1, False), (4, True)), [(1, 0, False), (2, 0, False), (2, 0, True), (2, 1, True), (2, 2, True)]),
+        (((1, True),), [(1, 0, True), (2, 0, True), (0, 1, True), (2, 1, True), (2, 2, True)]),
+        (
+            ((1, False), (4, True)),
+            [(1, 0, False), (2, 0, False), (2, 0, True), (0, 1, False), (0, 1, True), (2, 1, True), (2, 2, True)],
+        ),
     ],
 )
 def test_the_graphs_built_do_not_depend_on_where_the_measured_plan_switches_format(demo, bf16_from, want):

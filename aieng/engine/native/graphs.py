@@ -29,8 +29,8 @@ log = logging.getLogger("aieng.engine")
 
 
 class GraphShape(NamedTuple):
-    """A compiled graph of the decoder stack: ``rows`` decode rows (1, or 2 standing for any count
-    from 2), ``chunks`` prompt chunks in the same step (0, 1, or 2 for any count from 2: torch
+    """A compiled graph of the decoder stack: ``rows`` decode rows (0, 1, or 2 standing for any
+    count from 2), ``chunks`` prompt chunks in the same step (0, 1, or 2 for any count from 2: torch
     specialises sizes 0 and 1, so each is a graph of its own) and the weights' format (``quantized``:
     the quantised copy's format, ``int8`` or ``int4``, only ever one row; "" for the float ones)."""
 
@@ -44,9 +44,12 @@ class GraphShape(NamedTuple):
         return cls(min(rows, 2), min(chunks, 2), bf16 and not quantized, quantized)
 
     def describe(self) -> str:
+        weights = f"{self.quantized or ('bf16' if self.bf16 else 'fp32')} weights"
+        if not self.rows:
+            return f"a prompt chunk alone, {weights}"
         rows = "1 decode row" if self.rows == 1 else "2+ decode rows"
         chunks = ["", " and a prompt chunk", " and 2+ prompt chunks"][self.chunks]
-        return f"{rows}{chunks}, {self.quantized or ('bf16' if self.bf16 else 'fp32')} weights"
+        return f"{rows}{chunks}, {weights}"
 
 
 def compile_shapes(runner) -> list[GraphShape]:
@@ -54,6 +57,9 @@ def compile_shapes(runner) -> list[GraphShape]:
     - one decode row, in the one format build_graphs times (both, when the plan is measured and
       its eager timings do not already say which wins clearly: ``FormatPlan.clear_at_one_row``);
     - 2+ decode rows, in each format the plan uses from 2 tokens;
+    - a prompt chunk alone, in each format the plan uses from 2 tokens: the prefill of a request
+      that reaches an idle engine, once per request of a lone user (eager, its thirty-odd small
+      operations per layer cost more than the matrices of a short prompt);
     - 2+ decode rows beside one prompt chunk, and beside several, in each format the plan uses
       from 4 tokens (2 rows and a chunk of 2): the steps of a busy server, where streams keep
       decoding while others join.
@@ -72,6 +78,8 @@ def compile_shapes(runner) -> list[GraphShape]:
     if rows >= 2:
         for bf16 in _formats_from(runner, 2, [c for c in thresholds if 2 < c <= rows]):
             shapes.append(GraphShape(2, 0, bf16))
+    for bf16 in _formats_from(runner, 2, [c for c in thresholds if c > 2]):
+        shapes.append(GraphShape(0, 1, bf16))
     for chunks in (1, 2):
         if rows >= 2 + chunks:
             for bf16 in _formats_from(runner, 4, [c for c in thresholds if c > 4]):
@@ -126,8 +134,8 @@ def scratch_step(runner, scratch: SlotKVCache, shape: GraphShape, size: int) -> 
     """One compiled step of ``shape`` on the scratch cache: its decode rows at position
     ``size - 1``, its chunks (in the slots after them) ``size - 3`` tokens from position 0."""
     device, rows = runner.device, shape.rows
-    pos = torch.full((rows,), size - 1, device=device)
-    plan = AttentionPlan(rows, 0, pos, causal_decode_mask(pos, size), None, None, None, None)
+    pos = torch.full((rows,), size - 1, device=device) if rows else None
+    plan = AttentionPlan(rows, 0, pos, causal_decode_mask(pos, size) if rows else None, None, None, None, None)
     prefill_tokens = rotary_pos = None
     if shape.chunks:
         width = size - 3
@@ -137,7 +145,7 @@ def scratch_step(runner, scratch: SlotKVCache, shape: GraphShape, size: int) -> 
         plan.prefill_pos, plan.prefill_write, rotary_pos = chunk_pos, chunk_pos.clone(), chunk_pos.clone()
         plan.prefill_mask = (chunk_pos[:, None, :] <= chunk_pos[:, :, None])[:, None]
         prefill_tokens = torch.zeros(shape.chunks, width, dtype=torch.long, device=device)
-    tokens = torch.zeros(rows, dtype=torch.long, device=device)
+    tokens = torch.zeros(rows, dtype=torch.long, device=device) if rows else None
     runner.net.hidden(
         plan,
         scratch,

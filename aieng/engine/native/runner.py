@@ -356,9 +356,9 @@ class NativeRunner:
     def _graph_for(self, rows: int, chunks: int, tokens: int, first: int) -> GraphShape | None:
         """The compiled graph this step runs in, or None to run it eagerly: when nothing is
         compiled, for an out-of-memory split (``first`` > 0), and for the shapes no graph is built
-        for (prefill alone, one decode row beside a chunk): building one inline would stall
-        every stream for as long as compiling takes."""
-        if not self.compiled or first or not rows:
+        for (several prompts prefilled alone, one decode row beside a chunk): building one inline
+        would stall every stream for as long as compiling takes."""
+        if not self.compiled or first or not (rows or chunks == 1):
             return None
         bf16 = self.one_row_bf16 if tokens == 1 else self.formats.use_bf16(tokens)
         shape = GraphShape.of(rows, chunks, bf16, self.quantized_format if tokens <= self.quantized_rows else "")

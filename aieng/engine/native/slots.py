@@ -363,7 +363,9 @@ def prefill_tensors(cache: SlotKVCache, chunks, device) -> dict:
         tokens.append(list(chunk.token_ids) + [0] * (width - n))
         rotary_pos.append([min(p, cache.capacity - 1) for p in row_pos])
     pos_t = torch.tensor(pos, device=device)
-    span = max(c.start + len(c.token_ids) for c in chunks)
+    # At least 2 keys too: a one-token prompt's span of 1 would be a graph of its own. The extra
+    # column is masked for the real token (its position is 0) and only padding attends it.
+    span = max(2, max(c.start + len(c.token_ids) for c in chunks))
     mask = (torch.arange(span, device=device)[None, None, :] <= pos_t[:, :, None])[:, None]
     return {
         "slots": torch.tensor(slots, device=device),
