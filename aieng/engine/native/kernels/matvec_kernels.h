@@ -95,6 +95,10 @@ inline float sum(V a) {
 // that faults (a prefetch never does).
 template <typename T>
 inline void prefetch(const T* p) { __builtin_prefetch(p, 0, 2); }
+// Rows ahead that ``band`` prefetches: the next band for float32 and bf16; for int8, whose row is
+// half a bf16 row's bytes, twice as far, so as many bytes are in flight.
+template <typename T>
+constexpr int64_t rows_ahead() { return sizeof(T) == 1 ? 2 * kBand : kBand; }
 
 // Output rows [n, n + B) for all R input rows. K is a multiple of kWidth; ``group`` (a multiple
 // of kWidth) is the span of one scale along K (K itself when there are no scales).
@@ -111,7 +115,7 @@ inline void band(const float* x, const T* w, const float* scales, int64_t K, int
       for (int b = 0; b < B; ++b) acc[r][b] = zero();
     for (int64_t k = g * group; k < (g + 1) * group; k += kWidth) {
       V wv[B];
-      for (int b = 0; b < B; ++b) prefetch(w + (n + b + B) * K + k);
+      for (int b = 0; b < B; ++b) prefetch(w + (n + b + rows_ahead<T>()) * K + k);
       for (int b = 0; b < B; ++b) wv[b] = load(w + (n + b) * K + k);
       for (int r = 0; r < R; ++r) {
         const V xv = load(x + r * K + k);
@@ -219,6 +223,9 @@ void dispatch_rows(int64_t R, const float* x, const T* w, const float* scales, i
 // go straight in. ``aieng eval --dtype int4`` grades exactly this rounding of weights and inputs.
 constexpr int64_t kQ4Group = 32;
 constexpr int64_t kQ4Chunk = 64;  // weights per 32-byte chunk: two groups
+// Rows ahead that the band prefetches, weights and scales. A 4-bit row is short (a quarter of a
+// bf16 row's bytes): the next band alone is too little in flight to keep a core's stream fed.
+constexpr int64_t kQ4Ahead = 16;
 
 struct Q4Input {  // one call's input, rounded per group of 32
   std::vector<int8_t> q;      // [R, K]
@@ -320,7 +327,10 @@ inline void q4_band(const Q4Input& in, const Q4Lanes& lanes, const uint8_t* w, c
   for (int64_t c = 0; c < chunks; ++c) {
     __m512i wv[B];
     __m512 ws[B];
-    for (int b = 0; b < B; ++b) prefetch(w + (n + b + B) * row_bytes + c * 32);
+    for (int b = 0; b < B; ++b) {
+      prefetch(w + (n + b + kQ4Ahead) * row_bytes + c * 32);
+      if (c % 8 == 0) prefetch(scales + (n + b + kQ4Ahead) * groups + 2 * c);  // a line holds 8 chunks' scales
+    }
     for (int b = 0; b < B; ++b) {
       // the chunk's 32 bytes in both halves; the upper half's words shifted to their high nibbles
       const __m512i bytes = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(
