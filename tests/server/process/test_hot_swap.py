@@ -237,7 +237,9 @@ def test_the_cli_promotes_and_rolls_back_a_running_server(server, store, monkeyp
     monkeypatch.delenv("AIENG_ADMIN_TOKEN", raising=False)
     assert main([*base, "rollback", "demo", "--to", "2", "--reload", server.base_url]) == 1
     assert "needs the server's admin token in AIENG_ADMIN_TOKEN" in capsys.readouterr().err
-    assert set(worker_versions(server.base_url).values()) == {"1"}  # the store moved, the server not yet told
+    # The store moved; the server was not told, but its workers poll `current` every 0.5 s and may
+    # already be on 2: which version they serve at this instant is a race, not the CLI's doing.
+    assert store.current("demo") == "2"
     monkeypatch.setenv("AIENG_ADMIN_TOKEN", TOKEN)
     wait_for_version(server.base_url, "2")  # the workers follow `current` by themselves too
     assert main([*base, "rollback", "demo", "--to", "1", "--reload", server.base_url]) == 0
