@@ -285,9 +285,10 @@ def _adjacent_views(tensors: list[torch.Tensor]) -> torch.Tensor | None:
     first = tensors[0]
     offset = first.storage_offset()
     for t in tensors:
-        same_storage = t.untyped_storage().data_ptr() == first.untyped_storage().data_ptr()
-        same_layout = t.dtype == first.dtype and t.shape[1:] == first.shape[1:] and t.is_contiguous()
-        if not (same_storage and same_layout and t.storage_offset() == offset):
+        same = t.dtype == first.dtype and t.shape[1:] == first.shape[1:] and t.is_contiguous()
+        if not same or t.untyped_storage().data_ptr() != first.untyped_storage().data_ptr():
+            return None
+        if t.storage_offset() != offset:
             return None
         offset += t.numel()
     rows = sum(t.shape[0] for t in tensors)

@@ -131,16 +131,17 @@ class Runtime:
                 return
             with _one_torch_thread():
                 self.loaded = load_version(store, type(self.ref)(self.ref.name, version), load_config)
-            self._prepare_native_forward()
+            self._build_kernels()
         except BaseException as exc:
             self.progress.fail(exc)
             raise
         gc.collect()
         gc.freeze()
 
-    def _prepare_native_forward(self) -> None:
-        """Made once in the master, not in every worker: aieng's CPU kernels (built on a host's first
-        start; the log says how long) and the layers' fused matrices, shared copy-on-write."""
+    def _build_kernels(self) -> None:
+        """aieng's CPU kernels (decode attention, few-row matrix products), built (first start on a
+        host; the log says how long) and loaded in the master, so the workers find them built; and
+        the layers' fused matrices, made here so the workers share them."""
         from aieng.engine.native import kernels
         from aieng.engine.native.model import fuse_layers
         from aieng.engine.serving_path import serving_path
@@ -150,7 +151,7 @@ class Runtime:
         if engine.native and native:
             self.progress.detail("aieng's CPU kernels (built once per host, then loaded from the cache)")
             kernels.load()
-            fuse_layers(self.loaded.model)
+            fuse_layers(self.loaded.model)  # the workers share the fused matrices instead of each copying them
 
     def warm_before_fork(self) -> float | None:
         """CPU workers with one torch thread: build the engine and warm it up (torch.compile
