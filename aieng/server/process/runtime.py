@@ -140,10 +140,8 @@ class Runtime:
 
     def _build_kernels(self) -> None:
         """aieng's CPU kernels (decode attention, few-row matrix products), built (first start on a
-        host; the log says how long) and loaded in the master, so the workers find them built; and
-        the layers' fused matrices, made here so the workers share them."""
+        host; the log says how long) and loaded in the master, so the workers find them built."""
         from aieng.engine.native import kernels
-        from aieng.engine.native.model import fuse_layers
         from aieng.engine.serving_path import serving_path
 
         engine = self.config.engine
@@ -151,7 +149,6 @@ class Runtime:
         if engine.native and native:
             self.progress.detail("aieng's CPU kernels (built once per host, then loaded from the cache)")
             kernels.load()
-            fuse_layers(self.loaded.model)  # the workers share the fused matrices instead of each copying them
 
     def warm_before_fork(self) -> float | None:
         """CPU workers with one torch thread: build the engine and warm it up (torch.compile
