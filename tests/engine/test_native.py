@@ -289,3 +289,32 @@ def test_rotary_comes_from_a_table_except_for_length_dependent_types(tiny):
         assert net._rotary_table is None
     finally:
         net.rotary.rope_type = "default"
+
+
+def test_layers_fused_before_the_engine_are_shared_not_copied_and_serve_the_same_tokens(tiny_shape_model_dir, render):
+    """``fuse_layers`` is what the gunicorn master runs before fork: the engine built after it takes
+    the fused matrices as they are (the same memory, so workers share the master's pages), the
+    transformers modules stay views of them, and the tokens are those of an engine that fused itself."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from aieng.engine.native.model import fuse_layers
+
+    def load():
+        return AutoModelForCausalLM.from_pretrained(tiny_shape_model_dir, local_files_only=True).eval()
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_shape_model_dir, local_files_only=True)
+    config = EngineConfig.exact(compile=False, weight_formats="float32")
+    prompts = [render(p) for p in PROMPTS]
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+    want = [r.token_ids for r in Engine(load(), tokenizer, config=config).generate(prompts, params)]
+
+    model = load()
+    fuse_layers(model)
+    attn, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
+    qkv_at, gate_up_at = attn.q_proj.weight.data_ptr(), mlp.gate_proj.weight.data_ptr()
+    engine = Engine(model, tokenizer, config=config)
+    layer = engine.runner.net.layers[0]
+    assert layer.qkv.data_ptr() == qkv_at and layer.gate_up.data_ptr() == gate_up_at  # no second copy
+    assert attn.k_proj.weight.data_ptr() == qkv_at + attn.q_proj.weight.nbytes  # modules still views of it
+    assert torch.equal(layer.qkv, torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]))
+    assert [r.token_ids for r in engine.generate(prompts, params)] == want

@@ -251,18 +251,47 @@ class NativeLlama:
         return layers + sum(t.nbytes for t in head)
 
 
+def fuse_layers(model) -> None:
+    """Fuse every decoder layer's q/k/v and gate/up weights in place (``_fuse``). Run in the
+    gunicorn master before fork, so each worker's ``NativeLlama`` finds them fused and shares those
+    pages copy-on-write instead of concatenating a private copy of most of the layers' weights."""
+    with torch.no_grad():  # as NativeLlama fuses: plain tensors, not inference ones
+        for layer in model.model.layers:
+            _layer_weights(layer)
+
+
 def _fuse(modules, attribute: str) -> torch.Tensor | None:
     """Concatenate the modules' weights (or biases) and make the modules views of the result, so
-    the transformers model keeps working (reference checks, evaluation) without a second copy."""
+    the transformers model keeps working (reference checks, evaluation) without a second copy.
+    Modules that are already such views (``fuse_layers``, or the format plan's timing before the
+    engine) give the fused tensor back as a view: fusing twice copies nothing."""
     tensors = [getattr(m, attribute) for m in modules]
     if tensors[0] is None:
         return None
+    joined = _adjacent_views(tensors)
+    if joined is not None:
+        return joined
     fused = torch.cat([t.detach() for t in tensors]).contiguous()
     start = 0
     for module, t in zip(modules, tensors):
         setattr(module, attribute, torch.nn.Parameter(fused[start : start + t.shape[0]], requires_grad=False))
         start += t.shape[0]
     return fused
+
+
+def _adjacent_views(tensors: list[torch.Tensor]) -> torch.Tensor | None:
+    """The tensors as one, when they lie back to back in one storage (contiguous, same dtype, each
+    starting where the one before ends); otherwise None."""
+    first = tensors[0]
+    offset = first.storage_offset()
+    for t in tensors:
+        same_storage = t.untyped_storage().data_ptr() == first.untyped_storage().data_ptr()
+        same_layout = t.dtype == first.dtype and t.shape[1:] == first.shape[1:] and t.is_contiguous()
+        if not (same_storage and same_layout and t.storage_offset() == offset):
+            return None
+        offset += t.numel()
+    rows = sum(t.shape[0] for t in tensors)
+    return torch.as_strided(first.detach(), (rows, *first.shape[1:]), first.stride(), first.storage_offset())
 
 
 def _layer_weights(layer) -> LayerWeights:

@@ -129,19 +129,20 @@ class Runtime:
             if on_cuda:
                 store.verify_or_raise(type(self.ref)(self.ref.name, version))  # load happens in the worker
                 return
-            with _one_torch_thread():
+            with _one_torch_thread():  # load and fuse: a pool started here would slow every worker
                 self.loaded = load_version(store, type(self.ref)(self.ref.name, version), load_config)
-            self._build_kernels()
+                self._prepare_native_forward()
         except BaseException as exc:
             self.progress.fail(exc)
             raise
         gc.collect()
         gc.freeze()
 
-    def _build_kernels(self) -> None:
-        """aieng's CPU kernels (decode attention, few-row matrix products), built (first start on a
-        host; the log says how long) and loaded in the master, so the workers find them built."""
+    def _prepare_native_forward(self) -> None:
+        """Made once in the master, not in every worker: aieng's CPU kernels (built on a host's first
+        start; the log says how long) and the layers' fused matrices, shared copy-on-write."""
         from aieng.engine.native import kernels
+        from aieng.engine.native.model import fuse_layers
         from aieng.engine.serving_path import serving_path
 
         engine = self.config.engine
@@ -149,6 +150,7 @@ class Runtime:
         if engine.native and native:
             self.progress.detail("aieng's CPU kernels (built once per host, then loaded from the cache)")
             kernels.load()
+            fuse_layers(self.loaded.model)
 
     def warm_before_fork(self) -> float | None:
         """CPU workers with one torch thread: build the engine and warm it up (torch.compile
@@ -388,7 +390,8 @@ class Runtime:
 
 @contextlib.contextmanager
 def _one_torch_thread():
-    """Run model work in the master on one thread: no OpenMP pool may exist when workers fork."""
+    """Run model work in the master on one thread: no OpenMP pool may exist when workers fork (each
+    worker inherits the pool's bookkeeping but not its threads, and its parallel kernels crawl)."""
     previous = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

@@ -1,6 +1,10 @@
 """Start-up phases: logged as they start and end, a heartbeat while one runs, shown by readiness."""
 
 import logging
+import os
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 from types import SimpleNamespace
@@ -233,3 +237,38 @@ def test_a_worker_reuses_the_masters_verification_unless_a_file_changed_since(
     with pytest.raises(VerificationError):
         load_version(worker, ModelRef("tiny", "1"))
     assert len(hashed) == 2  # hashed again, and refused
+
+
+_PREPARE_AND_COUNT_THREADS = textwrap.dedent(
+    """
+    import os, sys, threading
+    import torch
+    from aieng.server.process.runtime import Runtime, RuntimeConfig
+    from aieng.settings import Settings
+
+    def native_threads():
+        return {int(t) for t in os.listdir("/proc/self/task")} - {t.native_id for t in threading.enumerate()}
+
+    torch.set_num_threads(2)  # as a worker of two threads: the master's work could start a pool
+    before = native_threads()
+    runtime = Runtime(RuntimeConfig(settings=Settings(store=sys.argv[1], model="demo")))
+    runtime.prepare()
+    k = runtime.loaded.model.model.layers[0].self_attn.k_proj.weight
+    print(len(native_threads() - before), k.storage_offset() > 0, torch.get_num_threads())
+    """
+)
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads through /proc")
+def test_the_master_fuses_the_layers_without_starting_an_openmp_pool(demo_store):
+    """A pool made in the master is inherited by every worker as bookkeeping for threads that fork
+    did not copy, and the workers' parallel kernels then crawl; the fused layers (the k rows start
+    after q's in one storage) must be made on the master's one thread."""
+    out = subprocess.run(
+        [sys.executable, "-c", _PREPARE_AND_COUNT_THREADS, str(demo_store.root)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout.split()
+    assert out == ["0", "True", "2"]  # no pool thread; fused; the thread count given back
