@@ -31,6 +31,9 @@ class EngineConfig:
     # Engine-only knobs (no setting): the shapes warm-up runs.
     warmup_prompt_lengths: tuple[int, ...] = (8, 32, 128)
     warmup_batch_sizes: tuple[int, ...] = (1, 8)
+    # A shape that takes this long eagerly is paying for its arithmetic, not for the first-call set-up
+    # warm-up exists for; the larger shapes after it are skipped (``warmup.warm_up``).
+    warmup_eager_shape_limit_s: float = 1.0
 
     @classmethod
     def exact(cls, **overrides) -> EngineConfig:
