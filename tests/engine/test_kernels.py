@@ -188,3 +188,18 @@ def test_a_bf16_kv_cache_holds_half_the_bytes_and_decodes_as_transformers_does_w
     with bf16_kv_rounding(model):
         theirs = reference_greedy(model, prompts, max_new_tokens=24, eos_ids=half.eos_ids, pad_id=half.pad_id)
     assert [list(t) for t in ours] == [list(t) for t in theirs]
+
+
+def test_a_source_that_does_not_compile_fails_the_build_with_the_compilers_words_and_leaves_nothing(
+    tmp_path, monkeypatch
+):
+    """Sources compile side by side; one failing fails the build, names the error, and leaves no
+    half-built library or objects beside the cache."""
+    good, bad = tmp_path / "good.cpp", tmp_path / "bad.cpp"
+    good.write_text("int aieng_good() { return 1; }\n")
+    bad.write_text("int aieng_bad() { return undeclared_name; }\n")
+    monkeypatch.setattr(kernels, "SOURCES", (good, bad))
+    cache = tmp_path / "cache"
+    with pytest.raises(RuntimeError, match="undeclared_name"):
+        kernels._build(kernels.compiler(), cache / "aieng_kernels-test.so")
+    assert list(cache.iterdir()) == []

@@ -31,6 +31,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -92,29 +93,31 @@ def compiler() -> str | None:
     return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
 
 
-def build_command(cxx: str, output: Path) -> list[str]:
-    from torch.utils.cpp_extension import include_paths, library_paths
+def _compile_flags() -> list[str]:
+    from torch.utils.cpp_extension import include_paths
 
-    lib = library_paths()[0]
     return [
-        cxx,
         "-O3",
         "-std=c++17",
         "-w",
         "-fPIC",
-        "-shared",
         "-fopenmp",
         *arch_flags(),
         f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
         *(f"-I{p}" for p in include_paths()),
-        *(str(source) for source in SOURCES),
-        "-o",
-        str(output),
-        f"-L{lib}",
-        "-lc10",
-        "-ltorch_cpu",
-        f"-Wl,-rpath,{lib}",
     ]
+
+
+def build_commands(cxx: str, output: Path, work: Path) -> tuple[list[list[str]], list[str]]:
+    """One compiler call per source (each parses ATen's headers, most of a build's time, so they
+    run side by side, one per core) and the call that links their objects into ``output``."""
+    from torch.utils.cpp_extension import library_paths
+
+    lib = library_paths()[0]
+    objects = [work / f"{source.stem}.o" for source in SOURCES]
+    compiles = [[cxx, *_compile_flags(), "-c", str(s), "-o", str(o)] for s, o in zip(SOURCES, objects)]
+    link = [cxx, "-shared", "-fopenmp", *map(str, objects), "-o", str(output)]
+    return compiles, [*link, f"-L{lib}", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{lib}"]
 
 
 def library_path(cxx: str) -> Path:
@@ -125,7 +128,8 @@ def library_path(cxx: str) -> Path:
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
     key = hashlib.sha256(b"".join(source.read_bytes() for source in SOURCES + HEADERS))
     places = {str(source): source.name for source in SOURCES}
-    command = " ".join(places.get(part, part) for part in build_command(cxx, Path("out")))
+    compiles, link = build_commands(cxx, Path("out"), Path("objects"))
+    command = " && ".join(" ".join(places.get(part, part) for part in call) for call in [*compiles, link])
     for part in (without_environment(command), torch_build(), version):  # inductor's kernels: the same rule
         key.update(part.encode())
     return cache_dir() / f"aieng_kernels-{key.hexdigest()[:16]}.so"
@@ -140,14 +144,24 @@ def _build(cxx: str, target: Path) -> None:
     started = time.monotonic()
     log.info("building aieng's CPU kernels (once per host and torch version): %s", target.name)
     try:
-        done = subprocess.run(build_command(cxx, Path(tmp)), capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
-        if done.returncode != 0:
-            raise RuntimeError(f"{cxx} exited {done.returncode}: {done.stderr.strip()[-1500:]}")
+        with tempfile.TemporaryDirectory(prefix=target.stem + ".", suffix=".objects.tmp", dir=target.parent) as work:
+            compiles, link = build_commands(cxx, Path(tmp), Path(work))
+            # The largest sources first, so the last to start is a short one.
+            compiles.sort(key=lambda call: -Path(call[call.index("-c") + 1]).stat().st_size)
+            with ThreadPoolExecutor(max_workers=max(1, min(len(compiles), os.cpu_count() or 1))) as pool:
+                list(pool.map(lambda call: _run(cxx, call), compiles))
+            _run(cxx, link)
         os.replace(tmp, target)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
     log.info("built the CPU kernels (decode attention, matvec, the one-row step) in %.1f s", time.monotonic() - started)
+
+
+def _run(cxx: str, call: list[str]) -> None:
+    done = subprocess.run(call, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+    if done.returncode != 0:
+        raise RuntimeError(f"{cxx} exited {done.returncode}: {done.stderr.strip()[-1500:]}")
 
 
 def load() -> str | None:
