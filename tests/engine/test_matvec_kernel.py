@@ -85,6 +85,14 @@ def test_few_rows_is_up_to_four_eagerly():
     assert [few_rows(torch.zeros(r, 8)) for r in (1, 2, 4, 5, 64)] == [True, True, True, False, False]
 
 
+def test_an_eager_step_keeps_its_kernels_while_graphs_compile_on_another_thread():
+    """Dynamo holds a process-wide "compiling" flag up for a whole compile session (the background
+    compile's); an eager step on the engine thread meanwhile is not inside any trace."""
+    with torch.compiler._compile_session_context():
+        assert torch.compiler.is_compiling()  # the flag the choice must not read
+        assert [few_rows(torch.zeros(r, 8)) for r in (1, 2, 4, 5)] == [True, True, True, False]
+
+
 def test_the_one_row_graph_and_the_head_run_through_the_kernel(matvec, monkeypatch):
     """The compiled one-row layer and output projection call the kernel (counted by wrapping the
     op the graph calls), and give F.linear's result; without the flag they never call it."""

@@ -221,7 +221,7 @@ def linear(
         out = quantized_matvec(x.float(), weight, scales).to(x.dtype)
     elif dims.matvec_kernel and kernels.matvec_fits(weight) and (not packed_from or few_rows(x)):
         out = torch.ops.aieng.matvec(x.float(), weight).to(x.dtype)
-    elif x.shape[0] == 1 and torch.compiler.is_compiling():
+    elif x.shape[0] == 1 and torch.compiler.is_dynamo_compiling():
         out = streamed_matvec(x, weight)
     elif packed_from:
         out = torch.ops.aieng.packed_linear(x.to(weight.dtype), weight, packed_from).to(x.dtype)
@@ -233,9 +233,12 @@ def linear(
 def few_rows(x: torch.Tensor) -> bool:
     """One row, or (outside a compiled graph) up to ``kernels.MATVEC_MAX_ROWS``. A compiled graph
     of two or more rows has a symbolic row count, and asking whether it is small would make dynamo
-    guard on it and compile a graph per batch size, so there only the static one-row graph asks."""
+    guard on it and compile a graph per batch size, so there only the static one-row graph asks.
+    Asked with ``is_dynamo_compiling``, true only inside the trace: ``is_compiling`` is one flag for
+    the whole process, up while the graphs compile in the background, when eager steps on the
+    engine thread would read it too and leave their kernels."""
     rows = x.shape[0]
-    return rows == 1 or (not torch.compiler.is_compiling() and rows <= kernels.MATVEC_MAX_ROWS)
+    return rows == 1 or (not torch.compiler.is_dynamo_compiling() and rows <= kernels.MATVEC_MAX_ROWS)
 
 
 def streamed_matvec(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
