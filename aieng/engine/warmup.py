@@ -5,7 +5,8 @@ pools, and with compilation on, building graphs), which would otherwise land on 
 Every shape is announced through ``progress`` before it runs, so a start-up never goes silent.
 
 The shapes are the engine's (batch sizes by prompt lengths, ``EngineConfig``), run smallest first;
-once one of them takes ``warmup_eager_shape_limit_s`` eagerly, the larger ones are skipped: on a
+once one of them after the first (whose time is mostly the set-up warm-up is for) takes
+``warmup_eager_shape_limit_s`` eagerly, the larger ones are skipped: on a
 model of a billion parameters the largest batch of prompts is seconds of arithmetic that
 readiness would wait for, while the set-up it would save the first such request is a small part
 of that request's own time. What else a warm-up
@@ -44,7 +45,7 @@ def warm_up(engine, progress: Callable[[str], None]) -> float:
             shape_start = time.perf_counter()
             engine.generate(prompts, params)
             took = time.perf_counter() - shape_start
-            if mode == "eager" and took >= config.warmup_eager_shape_limit_s and i < len(chosen):
+            if mode == "eager" and 1 < i < len(chosen) and took >= config.warmup_eager_shape_limit_s:
                 _skip(chosen[i:], (batch_size, length), took, progress)
                 return
 
