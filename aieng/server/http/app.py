@@ -53,6 +53,7 @@ def create_app(
     async def lifespan(_app):
         if start_runtime:
             await asyncio.to_thread(runtime.start)
+        update_resource_gauges()  # the summed RSS counts this worker before its first request or scrape
         yield
         runtime.stop()
         if capture is not None:
