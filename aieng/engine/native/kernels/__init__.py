@@ -40,7 +40,8 @@ from aieng.engine.compile_keys import torch_build, without_environment
 
 log = logging.getLogger("aieng.engine")
 
-SOURCES = tuple(Path(__file__).with_name(name) for name in ("decode_attention.cpp", "matvec.cpp", "one_row.cpp"))
+# Largest first: they compile side by side, so the last to start is a short one.
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("one_row.cpp", "matvec.cpp", "decode_attention.cpp"))
 HEADERS = tuple(Path(__file__).with_name(name) for name in ("attention_kernels.h", "matvec_kernels.h"))
 MATVEC_MAX_ROWS = 4  # matvec.cpp's kMaxRows
 BUILD_TIMEOUT_S = 600
@@ -146,11 +147,9 @@ def _build(cxx: str, target: Path) -> None:
     try:
         with tempfile.TemporaryDirectory(prefix=target.stem + ".", suffix=".objects.tmp", dir=target.parent) as work:
             compiles, link = build_commands(cxx, Path(tmp), Path(work))
-            # The largest sources first, so the last to start is a short one.
-            compiles.sort(key=lambda call: -Path(call[call.index("-c") + 1]).stat().st_size)
-            with ThreadPoolExecutor(max_workers=max(1, min(len(compiles), os.cpu_count() or 1))) as pool:
-                list(pool.map(lambda call: _run(cxx, call), compiles))
-            _run(cxx, link)
+            with ThreadPoolExecutor(max_workers=min(len(compiles), os.cpu_count() or 1)) as pool:
+                list(pool.map(_run, compiles))
+            _run(link)
         os.replace(tmp, target)
     finally:
         if os.path.exists(tmp):
@@ -158,10 +157,10 @@ def _build(cxx: str, target: Path) -> None:
     log.info("built the CPU kernels (decode attention, matvec, the one-row step) in %.1f s", time.monotonic() - started)
 
 
-def _run(cxx: str, call: list[str]) -> None:
+def _run(call: list[str]) -> None:
     done = subprocess.run(call, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
     if done.returncode != 0:
-        raise RuntimeError(f"{cxx} exited {done.returncode}: {done.stderr.strip()[-1500:]}")
+        raise RuntimeError(f"{call[0]} exited {done.returncode}: {done.stderr.strip()[-1500:]}")
 
 
 def load() -> str | None:
