@@ -45,7 +45,9 @@ class Settings:
     torch_threads: int = _setting(0, "torch threads per worker; 0 = the worker plan decides")
     device: str = _setting("auto", "auto | cpu | cuda | cuda:N (auto: CUDA if present)")
     dtype: str = _setting(
-        "auto", "auto | float32 | bfloat16 | float16 (auto: fp32 on CPU, bf16 on CUDA when supported)"
+        "auto",
+        "auto | float32 | bfloat16 | float16 (auto: on CPU fp32, or bf16 for a bf16 checkpoint the native "
+        "forward serves; bf16 on CUDA when supported)",
     )
     gpu_memory_fraction: float = _setting(0.9, "share of GPU memory the weights may plan to use")
     memory_headroom: float = _setting(0.8, "share of available RAM the weights may plan to use")

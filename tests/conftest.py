@@ -118,6 +118,14 @@ def tiny_shape_model_dir(tmp_path_factory) -> Path:
     return build_shape_model(tmp_path_factory.mktemp("tiny-shape") / "model", "tiny", seed=0)
 
 
+@pytest.fixture(scope="session")
+def tiny_bf16_model_dir(tmp_path_factory) -> Path:
+    """The ``tiny-wide-vocab`` shape: the tiny shape stored in bf16, as most real checkpoints are."""
+    from aieng.demo.shapes import build_shape_model
+
+    return build_shape_model(tmp_path_factory.mktemp("tiny-bf16") / "model", "tiny-wide-vocab", seed=0)
+
+
 @pytest.fixture
 def prometheus(tmp_path):
     """``start(server_url) -> prometheus_url``: a real Prometheus (the project's scrape config and
@@ -262,6 +270,7 @@ MODEL_FIXTURES = frozenset(
         "demo_model_dir",
         "tiny_demo_dir",
         "tiny_shape_model_dir",
+        "tiny_bf16_model_dir",
         "demo_store",
         "session_store",
         "inprocess",

@@ -17,4 +17,6 @@ def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
         raise InvalidRequestError("int8 dynamic quantization is a CPU option; on CUDA use bf16 or fp16")
     from torch.ao.quantization import quantize_dynamic
 
+    if next(model.parameters()).dtype != torch.float32:  # a bf16 checkpoint kept as it is (device.choose_dtype)
+        model = model.float()  # quantize_dynamic rounds fp32 Linear layers and computes the rest in fp32
     return quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)

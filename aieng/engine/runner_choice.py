@@ -15,6 +15,7 @@ import logging
 from aieng.engine.hf.runner import HFRunner
 from aieng.engine.native.succession import donor_runner
 from aieng.engine.serving_path import check_servable
+from aieng.loading.device import compute_dtype
 from aieng.model_facts import kv_bytes_per_token
 
 log = logging.getLogger("aieng.engine")
@@ -34,7 +35,8 @@ def make_runner(model, *, config, context_length: int, pad_id: int, replacing=No
 
         donor = donor_runner(replacing, model)
         formats = donor.formats if donor is not None else format_plan(config.weight_formats, model)
-        per_token = kv_bytes_per_token(model.config, next(model.parameters()).dtype.itemsize)
+        weight = next(model.parameters())
+        per_token = kv_bytes_per_token(model.config, compute_dtype(weight.dtype, weight.device).itemsize)
         budget = config.kv_cache_bytes or per_token * (context_length + 1) * config.max_rows
         runner = NativeRunner(
             model,

@@ -96,7 +96,7 @@ def _answers_and_perplexity(store, ref, config, cases, stable_answers=None):
     from aieng.evaluation.perplexity import reply_perplexity  # torch: only where weights are loaded
     from aieng.loading.loader import LoadConfig, load_version
 
-    loaded = load_version(store, ref, config or LoadConfig())
+    loaded = load_version(store, ref, (config or LoadConfig()).full_precision())
     try:
         cases = _greedy(cases, loaded.tokenizer)
         answers = model_answers(loaded.model, loaded.tokenizer, cases)

@@ -105,7 +105,7 @@ def evaluate_version(
     if variant not in VARIANTS:
         raise StoreError(f"unknown evaluation variant {variant!r}: use one of {', '.join(v for v in VARIANTS if v)}")
     chosen = suite_for(store, ref, suite)  # before loading: a missing suite costs no load
-    loaded = load_version(store, ref, config)
+    loaded = load_version(store, ref, config.full_precision())
     model = loaded.model
     if variant:
         base = (loaded.manifest.eval or {}) if loaded.manifest else {}
@@ -133,8 +133,8 @@ def evaluate_version(
 
         model = quantize_int8(model)
     if variant in ("bfloat16", "int8_weights", "int4_weights"):
-        from aieng.engine.native.formats import bf16_linears
         from aieng.engine.native.quantized import quantized_linears
+        from aieng.engine.native.weight_rounding import bf16_linears
 
         rounding = bf16_linears(model) if variant == "bfloat16" else quantized_linears(model, variant.split("_")[0])
         with rounding:

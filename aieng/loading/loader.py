@@ -8,19 +8,19 @@ refused with numbers instead of being OOM-killed half-way).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 
 from aieng.errors import AiengError, ModelLoadError
-from aieng.loading.device import choose_device, choose_dtype
+from aieng.loading.device import choose_device, choose_dtype, compute_dtype, wants_cuda
 from aieng.loading.memory import MemoryBudget, check_host_staging, check_memory_budget
 from aieng.model_facts import model_context_length
 from aieng.observability.metrics import MODEL_LOAD_ERRORS, MODEL_LOAD_SECONDS
 from aieng.settings import DEFAULTS
 from aieng.store import Manifest, ModelRef, ModelStore
-from aieng.store.introspect import inspect_folder, needs_remote_code, read_config
+from aieng.store.introspect import check_servable, inspect_folder, needs_remote_code, read_config, weight_facts
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,13 @@ class LoadConfig:
             gpu_memory_fraction=settings.gpu_memory_fraction,
         )
 
+    def full_precision(self) -> LoadConfig:
+        """``auto`` on the CPU as float32, also for a bf16 checkpoint (which ``auto`` keeps in bf16
+        for serving): what evaluation grades, the baseline each weight format's delta is against."""
+        if self.dtype == "auto" and not wants_cuda(self.device):
+            return replace(self, dtype="float32")
+        return self
+
 
 @dataclass
 class LoadedModel:
@@ -59,6 +66,12 @@ class LoadedModel:
     @property
     def context_length(self) -> int:
         return model_context_length(self.model)
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """What activations and a ``model`` KV cache run in (``device.compute_dtype``): fp32 on the
+        CPU also for weights kept in the checkpoint's bf16."""
+        return compute_dtype(self.dtype, self.device)
 
 
 def load_version(store: ModelStore, ref: ModelRef, config: LoadConfig = LoadConfig()) -> LoadedModel:
@@ -100,14 +113,15 @@ def load_folder(path: Path | str, config: LoadConfig = LoadConfig(), *, name: st
 def _load(path: Path, *, label: str, num_parameters: int, config: LoadConfig) -> LoadedModel:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    if needs_remote_code(read_config(path)):
+    folder_config = read_config(path)
+    if needs_remote_code(folder_config):
         raise ModelLoadError(
             f"{label} needs trust_remote_code, which aieng never enables; "
             "serve a model whose architecture transformers ships",
             code="remote_code_refused",
         )
     device = choose_device(config.device)
-    dtype = choose_dtype(config.dtype, device)
+    dtype = choose_dtype(config.dtype, device, _native_stored_dtype(path, folder_config))
     split = config.max_memory is not None and device.type == "cuda"
     if split:  # split_plan checked the sum over the GPUs; each one's share is its max_memory
         device = torch.device("cuda", min(config.max_memory))
@@ -151,3 +165,15 @@ def _load(path: Path, *, label: str, num_parameters: int, config: LoadConfig) ->
         load_seconds=0.0,
         budget=budget,
     )
+
+
+def _native_stored_dtype(path: Path, folder_config: dict) -> str | None:
+    """The checkpoint's dtype (from the safetensors headers) when the native forward serves it,
+    which reads bf16 weights as they are (``device.choose_dtype``); None for the rest, which the
+    transformers forward runs in the dtype they load in."""
+    try:
+        if check_servable(folder_config, path) != "native":
+            return None
+        return weight_facts(path)[2]
+    except AiengError:  # a folder the store would refuse: transformers' own load says why
+        return None

@@ -30,7 +30,6 @@ the accuracy of bf16 weights beside fp32 in the manifest.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import statistics
 import time
@@ -43,7 +42,6 @@ import torch.nn.functional as F
 from aieng.engine.native import format_plan_cache, packed_weights
 from aieng.engine.native.quantized import FORMATS as QUANTIZED_FORMATS
 from aieng.engine.native.quantized import fits_format, quantize_matrix, quantized_matvec, row_multiple
-from aieng.engine.native.weight_rounding import layer_linears, rounded_linears
 from aieng.host import container_limits
 from aieng.settings import WEIGHT_FORMATS
 
@@ -106,6 +104,11 @@ class FormatPlan:
     def uses_bf16(self) -> bool:
         return any(bf16 for _, bf16 in self.bf16_from)
 
+    @property
+    def uses_fp32(self) -> bool:
+        """Some step size runs in fp32 (an empty plan: every one)."""
+        return not self.bf16_from or not all(bf16 for _, bf16 in self.bf16_from)
+
     def formats_from(self, tokens: int) -> set[bool]:
         """The formats (bf16 or not) steps of ``tokens`` or more run in: the copies to pack."""
         return {bf16 for count, bf16 in self.bf16_from if count > tokens} | {self.use_bf16(tokens)}
@@ -150,20 +153,23 @@ def measure_format_plan(model, *, repeats: int = 5, cached: bool = True) -> Form
     """``cached``: take the plan an earlier start measured under the same conditions, and keep
     this one for the next (``format_plan_cache``)."""
     weight = next(model.parameters())
-    if weight.device.type != "cpu" or weight.dtype != torch.float32:
-        return FormatPlan()  # on a GPU, or already in a reduced precision: one format
-    copy_bytes = sum(p.numel() for p in model.parameters()) * 2
+    if weight.device.type != "cpu" or weight.dtype not in (torch.float32, torch.bfloat16):
+        return FormatPlan()  # on a GPU, or in fp16: one format
+    kept_bf16 = weight.dtype == torch.bfloat16  # a bf16 checkpoint kept as it is (device.choose_dtype)
+    params = sum(p.numel() for p in model.parameters())
+    copy_bytes = params * (4 if kept_bf16 else 2)  # the other format's copy
     available = container_limits.limits().memory_available_bytes  # a container's limit, when tighter
     if copy_bytes > available * 0.5:
         log.info(
-            "no bf16 weight copy: it would take %.0f MiB of %.0f MiB available",
+            "no %s weight copy: it would take %.0f MiB of %.0f MiB available",
+            "fp32" if kept_bf16 else "bf16",
             copy_bytes / 2**20,
             available / 2**20,
             extra={"event": "engine_weight_formats"},
         )
-        return FormatPlan()
+        return FormatPlan.fixed(True) if kept_bf16 else FormatPlan()
     # Packed copies are as large as the weights they copy: timed (and kept) only when they fit.
-    try_packed = packed_weights.available() and copy_bytes * 4 <= available * 0.5
+    try_packed = packed_weights.available() and params * 8 <= available * 0.5
     # The matrices are timed over the layers in turn, as a step reads them: one layer's would sit in
     # the last-level cache (hundreds of MiB on a server CPU), where fp32 looks as cheap as bf16
     # at a few tokens and the plain layouts' per-call re-blocking looks free at many (on one layer
@@ -197,10 +203,10 @@ def measure_format_plan(model, *, repeats: int = 5, cached: bool = True) -> Form
             extra={"event": "engine_weight_formats", "plan": result.describe(), "cached": True},
         )
         return result
-    fp32 = [m for matrices in per_layer[:streamed_layers] for m in matrices]
+    timed = [m for matrices in per_layer[:streamed_layers] for m in matrices]
     timings = {}
     with torch.inference_mode():
-        bf16 = [m.to(torch.bfloat16) for m in fp32]
+        fp32, bf16 = [m.float() for m in timed], [m.to(torch.bfloat16) for m in timed]
         packed = _pack_all(fp32 + bf16) if try_packed else []
         try:
             for tokens in TOKEN_COUNTS:
@@ -244,7 +250,7 @@ def quantized_plan(model, plan: FormatPlan, name: str, *, repeats: int = 5) -> F
         raise ConfigError(f"weight formats {name!r}: not on this host ({why_not}); use auto")
     timed = [m for layer in matrices[: _streamed_layers(matrices)] for m in layer]
     with torch.inference_mode():
-        bf16 = [m.to(torch.bfloat16) for m in timed]
+        timed, bf16 = [m.float() for m in timed], [m.to(torch.bfloat16) for m in timed]
         stored = [quantize_matrix(name, m) for m in timed]
         x = {m.shape[1]: torch.randn(1, m.shape[1]) for m in timed}
         times = interleaved_medians(
@@ -275,8 +281,9 @@ def quantized_plan(model, plan: FormatPlan, name: str, *, repeats: int = 5) -> F
 
 
 def _streamed_layers(per_layer: list[list[torch.Tensor]]) -> int:
-    """How many layers to time in turn: ``STREAMED_BYTES`` of matrices, beyond any CPU cache."""
-    layer_bytes = sum(m.numel() * m.element_size() for m in per_layer[0])
+    """How many layers to time in turn: ``STREAMED_BYTES`` of fp32 matrices, beyond any CPU cache
+    (counted in fp32 whatever the weights are stored in: the same layers for either)."""
+    layer_bytes = sum(m.numel() * 4 for m in per_layer[0])
     return max(1, min(len(per_layer), STREAMED_BYTES // layer_bytes))
 
 
@@ -386,13 +393,3 @@ def _time_formats(
 
     runs = [run(fp32), run(bf16)] + ([run_packed(fp32), run_packed(bf16)] if packed else [])
     return interleaved_medians(*runs, rounds=repeats)
-
-
-@contextlib.contextmanager
-def bf16_linears(model):
-    """Run the decoder layers' Linear layers as the engine's bf16 format does: inputs and weights
-    rounded to bf16, the product back in fp32 (the LM head stays fp32, as in the engine).
-    For ``aieng eval --dtype bfloat16``: it measures the accuracy of exactly what serving runs."""
-    modules = layer_linears(model)
-    with rounded_linears(modules, lambda w: w.detach().to(torch.bfloat16), torch.bfloat16):
-        yield model

@@ -69,7 +69,7 @@ def compile_shapes(runner) -> list[GraphShape]:
     formats = runner.formats
     if runner.quantized_rows:
         shapes = [GraphShape(1, 0, False, runner.quantized_format)]  # quantized_plan timed it against the floats
-    elif formats.measured and runner.net.layers_bf16 is not None and not formats.clear_at_one_row:
+    elif formats.measured and runner.net.both_formats and not formats.clear_at_one_row:
         shapes = [GraphShape(1, 0, False), GraphShape(1, 0, True)]  # build_graphs keeps the faster
     else:
         shapes = [GraphShape(1, 0, runner.one_row_bf16)]

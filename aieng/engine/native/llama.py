@@ -76,6 +76,22 @@ class LayerWeights:
             self, qkv=self.qkv.to(dtype), o=self.o.to(dtype), gate_up=self.gate_up.to(dtype), down=self.down.to(dtype)
         )
 
+    def vectors_to(self, dtype: torch.dtype) -> LayerWeights:
+        """The norms and biases in ``dtype`` (the activations' dtype), the matrices as they are."""
+
+        def cast(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.to(dtype)
+
+        return replace(
+            self,
+            qkv_bias=cast(self.qkv_bias),
+            o_bias=cast(self.o_bias),
+            gate_up_bias=cast(self.gate_up_bias),
+            down_bias=cast(self.down_bias),
+            norm_attn=cast(self.norm_attn),
+            norm_mlp=cast(self.norm_mlp),
+        )
+
     def tensors(self) -> tuple:
         """Every field in order: the flat arguments of the compiled layer region."""
         return tuple(getattr(self, f.name) for f in fields(self))

@@ -26,6 +26,7 @@ from aieng.engine.native.llama import (
     run_layers,
 )
 from aieng.engine.native.quantized import fits_format, quantize_matrix, quantized_layer, quantized_matvec
+from aieng.loading.device import compute_dtype
 from aieng.model_facts import head_dim, kv_heads
 
 log = logging.getLogger("aieng.engine")
@@ -40,6 +41,7 @@ class NativeLlama:
         *,
         bf16_copy: bool,
         compile_layers: bool,
+        fp32_copy: bool = True,
         decode_kernel: bool = False,
         matvec_kernel: bool = False,
         packed_from: int = 0,
@@ -50,16 +52,26 @@ class NativeLlama:
         at least that many tokens (``FormatPlan.packed_from``; 0: never); ``packed_formats``: the
         formats (bf16 or not) such steps run in, the only ones packed. ``quantized_copy``: keep the
         layers and the output projection in that quantised format too (``int8``, ``int4``; "": no
-        copy), for steps of one row."""
+        copy), for steps of one row. ``fp32_copy``: for weights kept in bf16, whether some step runs
+        in fp32 and needs the widened copy (``FormatPlan.uses_fp32``); ``bf16_copy`` is the same
+        question for fp32 weights."""
         config, inner = model.config, model.model
         self.model = model
+        stored = model.lm_head.weight
+        self.dtype = compute_dtype(stored.dtype, stored.device)  # activations: fp32 on the CPU
+        # A bf16 checkpoint the loader kept in bf16 (``device.choose_dtype``): its matrices are the
+        # bf16 format as they are, shared with the transformers model, and fp32 ones are made only
+        # when the plan runs some step size in fp32 (``fp32_copy``).
+        self.kept_bf16 = stored.dtype == torch.bfloat16 and self.dtype != torch.bfloat16
         self.embed = inner.embed_tokens
         self.rotary = inner.rotary_emb
         self._rotary_table: tuple[torch.Tensor, torch.Tensor] | None = None  # build_rotary_table
-        self.final_norm = inner.norm.weight
+        self.final_norm = inner.norm.weight.detach().to(self.dtype)
         self.final_eps = getattr(inner.norm, "variance_epsilon", config.rms_norm_eps)
-        self.lm_head = model.lm_head.weight
-        self.layers = [_layer_weights(layer) for layer in inner.layers]
+        stored_layers = [_layer_weights(layer).vectors_to(self.dtype) for layer in inner.layers]
+        widen = stored.dtype != self.dtype and (fp32_copy or not self.kept_bf16)
+        self.layers = [w.to(self.dtype) for w in stored_layers] if widen else stored_layers
+        self.lm_head = stored.detach().to(self.dtype) if widen else stored
         self.dims = Dims(
             config.num_attention_heads,
             kv_heads(config),
@@ -69,24 +81,24 @@ class NativeLlama:
             packed_from,
             matvec_kernel,
         )
-        self.layers_bf16 = [w.to(torch.bfloat16) for w in self.layers] if bf16_copy else None
         # The output projection over the whole vocabulary is one more matrix a step streams: on a
         # model with a 150k-token vocabulary it is as large as a third of the layers, so it runs in
         # the step's format too (``logits``), not always in the model's.
-        self.lm_head_bf16 = (
-            self.lm_head.to(torch.bfloat16) if bf16_copy and self.lm_head.dtype != torch.bfloat16 else None
-        )
-        self.layers_quantized = [quantized_layer(w, quantized_copy) for w in self.layers] if quantized_copy else None
+        if self.kept_bf16:
+            self.layers_bf16, self.lm_head_bf16 = stored_layers, (stored if widen else None)
+        else:
+            self.layers_bf16 = [w.to(torch.bfloat16) for w in self.layers] if bf16_copy else None
+            self.lm_head_bf16 = (
+                self.lm_head.to(torch.bfloat16) if bf16_copy and self.lm_head.dtype != torch.bfloat16 else None
+            )
+        self.layers_quantized = [quantized_layer(w, quantized_copy) for w in stored_layers] if quantized_copy else None
         self.lm_head_quantized = (
-            quantize_matrix(quantized_copy, self.lm_head)
-            if quantized_copy and fits_format(quantized_copy, self.lm_head)
-            else None
+            quantize_matrix(quantized_copy, stored) if quantized_copy and fits_format(quantized_copy, stored) else None
         )
         for bf16 in packed_formats if packed_from else ():
             for w in self.weights(bf16):
                 for matrix in w.matrices:
                     packed_weights.pack(matrix)
-        self.dtype = self.lm_head.dtype
         # A step of one decoding row runs every layer in one call of aieng's kernels (``one_row``),
         # where they compute what ``decoder_layer`` does for each copy of the weights kept.
         copies = [c for c in (self.layers, self.layers_bf16, self.layers_quantized) if c is not None]
@@ -118,6 +130,11 @@ class NativeLlama:
     @property
     def num_layers(self) -> int:
         return len(self.layers)
+
+    @property
+    def both_formats(self) -> bool:
+        """fp32 and bf16 matrices are both kept, so a step may run in either."""
+        return self.layers_bf16 is not None and self.layers_bf16 is not self.layers
 
     def layout(self) -> tuple:
         """Everything the compiled stack's guards check about the weights: two models with the same
@@ -159,14 +176,14 @@ class NativeLlama:
         decode rows first, then the chunks row by row."""
         xd = xp = cos_d = sin_d = cos_p = sin_p = None
         if decode_tokens is not None:
-            xd = self.embed(decode_tokens)
+            xd = self.embed(decode_tokens).to(self.dtype)
             cos_d, sin_d = self.rotary_at(xd, plan.decode_pos)
         layers = self.weights(bf16, quantized)
         if self.one_row is not None and prefill_tokens is None and xd is not None and xd.shape[0] == 1:
             position = int(plan.decode_pos[0])
             return self.one_row.hidden(xd, cos_d, sin_d, position, plan.decode_first, layers, cache.keys, cache.values)
         if prefill_tokens is not None:
-            xp = self.embed(prefill_tokens)
+            xp = self.embed(prefill_tokens).to(self.dtype)
             n, chunk = prefill_tokens.shape
             cos_p, sin_p = (
                 t.view(n, chunk, 1, -1) for t in self.rotary_at(xp.flatten(0, 1), prefill_positions.flatten())
@@ -204,7 +221,10 @@ class NativeLlama:
         self._rotary_table = (cos[0, :, None, :].contiguous(), sin[0, :, None, :].contiguous())
 
     def drop_bf16_copy(self) -> None:
-        """Give the bf16 copy's memory back (no step uses it), including the one-row step's view of it."""
+        """Give the bf16 copy's memory back (no step uses it), including the one-row step's view of it.
+        Weights kept in bf16 are the model's own: nothing to give back."""
+        if self.kept_bf16:
+            return
         if self.one_row is not None:
             self.one_row.forget(self.layers_bf16)
         self.layers_bf16 = None

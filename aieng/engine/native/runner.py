@@ -74,6 +74,7 @@ class NativeRunner:
             model,
             bf16_copy=bf16_copy,
             compile_layers=compile_layers,
+            fp32_copy=formats.uses_fp32,
             decode_kernel=decode_kernel,
             matvec_kernel=matvec_kernel,
             packed_from=packed_from,

@@ -42,3 +42,13 @@ def rounded_linears(
     finally:
         for module in patched:
             del module.forward  # back to the class's forward
+
+
+@contextlib.contextmanager
+def bf16_linears(model):
+    """Run the decoder layers' Linear layers as the engine's bf16 format does: inputs and weights
+    rounded to bf16, the product back in fp32 (the LM head stays fp32, as in the engine).
+    For ``aieng eval --dtype bfloat16``: it measures the accuracy of exactly what serving runs."""
+    modules = layer_linears(model)
+    with rounded_linears(modules, lambda w: w.detach().to(torch.bfloat16), torch.bfloat16):
+        yield model

@@ -156,9 +156,14 @@ def memory_needs(settings, loaded) -> MemoryNeeds:
     """``loaded`` is the master's ``LoadedModel``, or None when weights load in the workers (CUDA)."""
     if loaded is None:
         return MemoryNeeds(0, 0, PER_WORKER_OVERHEAD)
+    from aieng.loading.device import compute_dtype
+
     params = loaded.manifest.num_parameters if loaded.manifest else sum(p.numel() for p in loaded.model.parameters())
     kv_bytes = kv_cache_bytes(
-        loaded.model.config, loaded.context_length, settings.max_batch_size, loaded.dtype.itemsize
+        loaded.model.config,
+        loaded.context_length,
+        settings.max_batch_size,
+        compute_dtype(loaded.dtype, loaded.device).itemsize,  # a ``model`` cache: fp32 on the CPU
     )
     if settings.kv_cache_mb:  # the static cache never holds more than its budget
         kv_bytes = min(kv_bytes, settings.kv_cache_mb * 2**20)
@@ -166,12 +171,15 @@ def memory_needs(settings, loaded) -> MemoryNeeds:
     import torch
 
     packed_bytes = 0
-    if settings.weight_formats == "auto" and loaded.dtype == torch.float32 and loaded.device.type == "cpu":
+    cpu, formats = loaded.device.type == "cpu", settings.weight_formats
+    if formats == "auto" and loaded.dtype in (torch.float32, torch.bfloat16) and cpu:
         # Each worker may pack its own copies for the large steps (engine/native/packed_weights.py): of the
         # fp32 and the bf16 matrices, at most
         packed_bytes = params * 6
-    if settings.weight_formats != "float32" and loaded.dtype == torch.float32 and loaded.device.type == "cpu":
+    if formats != "float32" and loaded.dtype == torch.float32 and cpu:
         weight_bytes += params * 2  # the bf16 copy small steps run in (engine/native/formats.py), at most
+    if not formats.startswith("bfloat16") and loaded.dtype == torch.bfloat16 and cpu:
+        weight_bytes += params * 4  # weights kept in bf16: the fp32 copy, where the plan runs a step in fp32
     return MemoryNeeds(weight_bytes, kv_bytes, PER_WORKER_OVERHEAD + kv_bytes + packed_bytes)
 
 

@@ -102,10 +102,22 @@ def test_explicit_count_and_bad_count():
         plan_workers(cores=8, available_bytes=GiB, weight_bytes=1, per_worker_bytes=1, requested=0)
 
 
-@pytest.mark.parametrize("formats, copies", [("float32", (0, 0)), ("bfloat16", (2, 0)), ("auto", (2, 6))])
-def test_memory_needs_count_the_weight_copies_the_formats_may_make(formats, copies):
-    """A bf16 copy (made once, before the workers fork) and, with ``auto``, the packed copies of
-    the fp32 and bf16 matrices each worker may make for itself (engine/native/packed_weights.py)."""
+@pytest.mark.parametrize(
+    "stored, formats, copies",
+    [
+        ("float32", "float32", (0, 0)),
+        ("float32", "bfloat16", (2, 0)),
+        ("float32", "auto", (2, 6)),
+        ("bfloat16", "bfloat16", (0, 0)),
+        ("bfloat16", "float32", (4, 0)),
+        ("bfloat16", "auto", (4, 6)),
+    ],
+)
+def test_memory_needs_count_the_weight_copies_the_formats_may_make(stored, formats, copies):
+    """A copy in the other float format (made once, before the workers fork: bf16 of fp32 weights,
+    fp32 of a checkpoint kept in bf16) and, with ``auto``, the packed copies of the fp32 and bf16
+    matrices each worker may make for itself (engine/native/packed_weights.py). The KV cache is
+    counted in fp32, what activations run in on the CPU, whatever the weights are stored in."""
     from types import SimpleNamespace
 
     import torch
@@ -119,11 +131,12 @@ def test_memory_needs_count_the_weight_copies_the_formats_may_make(formats, copi
         manifest=SimpleNamespace(num_parameters=params),
         model=SimpleNamespace(config=config),
         context_length=128,
-        dtype=torch.float32,
+        dtype=getattr(torch, stored),
         device=torch.device("cpu"),
     )
     needs = memory_needs(Settings(weight_formats=formats, max_batch_size=4), loaded)
-    assert needs.weight_bytes == params * (4 + copies[0])
+    assert needs.weight_bytes == params * (loaded.dtype.itemsize + copies[0])
+    assert needs.kv_bytes == 2 * 2 * 2 * 16 * 4 * 128 * 4  # k and v, layers, KV heads, head_dim, rows, tokens, fp32
     assert needs.per_worker_bytes == PER_WORKER_OVERHEAD + needs.kv_bytes + params * copies[1]
 
 
