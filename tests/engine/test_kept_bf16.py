@@ -79,3 +79,41 @@ def test_measured_and_quantised_plans_run_on_kept_weights(tiny_bf16_model_dir, f
     assert plan.measured and net.kept_bf16
     assert net.both_formats == plan.uses_fp32  # an fp32 copy exactly when a step size runs in fp32
     assert all(len(t) == GREEDY.max_tokens for t in _tokens(kept))
+
+
+def test_a_bf16_checkpoint_the_transformers_forward_serves_loads_in_fp32(tiny_shape_model_dir, tmp_path):
+    """GPT-2 is served by transformers' forward, which computes in the dtype it loads in: ``auto``
+    widens it on the CPU as before, and only the native forward's checkpoints stay in bf16."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from aieng.engine.serving_table import ROWS
+
+    from .architectures import build_row_model
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_shape_model_dir)
+    gpt2 = next(row for row in ROWS if row.model_type == "gpt2")
+    folder = build_row_model(gpt2, tmp_path / "fp32", tokenizer)
+    AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16).save_pretrained(tmp_path / "bf16")
+    tokenizer.save_pretrained(tmp_path / "bf16")
+    loaded = load_folder(tmp_path / "bf16")
+    assert loaded.dtype == torch.float32 and {p.dtype for p in loaded.model.parameters()} == {torch.float32}
+
+
+def test_a_biased_bf16_checkpoint_keeps_its_biases_in_fp32(tiny_shape_model_dir, tmp_path):
+    """Qwen2-style q/k/v biases (and o's, Llama's attention_bias) are widened with the norms: the
+    one-row kernels take fp32 vectors, and the tokens match the fp32-widened model's in bf16."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from aieng.engine.serving_table import ROWS
+
+    from .architectures import build_row_model
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_shape_model_dir)
+    row = next(r for r in ROWS if r.model_type == "qwen2" and r.kind == "native")
+    folder = build_row_model(row, tmp_path / "fp32", tokenizer)
+    AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16).save_pretrained(tmp_path / "bf16")
+    tokenizer.save_pretrained(tmp_path / "bf16")
+    kept = _engine(tmp_path / "bf16", "auto", "bfloat16")
+    net = kept.runner.net
+    assert net.kept_bf16 and net.layers[0].qkv_bias is not None and net.layers[0].qkv_bias.dtype == torch.float32
+    assert _tokens(kept) == _tokens(_engine(tmp_path / "bf16", "float32", "bfloat16"))
