@@ -89,7 +89,7 @@ class Settings:
         "auto",
         "auto | model | bfloat16: the static KV cache's dtype. auto = bf16 where the "
         "one-row step streams bf16 weights (measured, AIENG_WEIGHT_FORMATS) and "
-        "aieng's CPU attention kernel reads the cache, else the model's dtype. "
+        "aieng's CPU attention kernel reads the cache, else the activations' (fp32 on CPU). "
         "bf16 halves a row's memory and a long-context step's reads; "
         "`aieng eval --kv-cache-dtype bfloat16` records its accuracy",
     )

@@ -70,7 +70,7 @@ def kv_why(config, dtype: torch.dtype, model_dtype: torch.dtype, decode_kernel: 
             "cache, so half the bytes per decoded token"
         )
     if model_dtype != torch.float32:
-        return "AIENG_KV_CACHE_DTYPE=auto: the model's dtype"
+        return "AIENG_KV_CACHE_DTYPE=auto: the activations' dtype"
     if not decode_kernel:
-        return "AIENG_KV_CACHE_DTYPE=auto: the model's dtype, since PyTorch's attention would widen a bf16 cache"
-    return "AIENG_KV_CACHE_DTYPE=auto: the model's dtype, since the one-row step runs fp32 weights here"
+        return "AIENG_KV_CACHE_DTYPE=auto: the activations' dtype, since PyTorch's attention would widen a bf16 cache"
+    return "AIENG_KV_CACHE_DTYPE=auto: the activations' dtype, since the one-row step runs fp32 weights here"

@@ -59,7 +59,8 @@ class NativeRunner:
         ``cache_from_replaced``: allocate no KV cache; a hot swap hands this runner part of
         ``graphs_from``'s, then all of it (``succession``). ``decode_attention``: ``auto`` decodes
         with aieng's CPU kernel when it builds here, ``sdpa`` with PyTorch's attention.
-        ``kv_cache_dtype``: ``model`` (the weights' dtype), ``bfloat16``, or ``auto`` (``kv_dtype``).
+        ``kv_cache_dtype``: ``model`` (the activations' dtype: fp32 on the CPU), ``bfloat16``, or
+        ``auto`` (``kv_dtype``).
         ``prefix_cache``: free slots keep what their rows held and new rows reuse it (``slots``)."""
         self.device = next(model.parameters()).device
         # The bf16 copy: for the plan's steps, or for build_graphs to time the one-row graph in

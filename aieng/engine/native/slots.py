@@ -85,7 +85,8 @@ class SlotShape:
 def kv_dtype(setting: str, model_dtype: torch.dtype, *, one_row_bf16: bool, decode_kernel: bool) -> torch.dtype:
     """The cache's dtype. ``auto``: bf16 where the one-row step was measured to be bound by memory
     (the format plan streams bf16 weights at 1 token) and aieng's kernel reads the cache (it widens
-    bf16 as it loads; SDPA would copy the cache to fp32 first); else the model's. A bf16 cache
+    bf16 as it loads; SDPA would copy the cache to fp32 first); else ``model_dtype``, the
+    activations' (fp32 on the CPU, also for weights kept in bf16). A bf16 cache
     halves the bytes a long-context decode reads and the memory a row holds; ``aieng eval
     --kv-cache-dtype bfloat16`` records its accuracy."""
     if setting not in ("auto", "model", "bfloat16"):
