@@ -14,13 +14,13 @@ from pathlib import Path
 import torch
 
 from aieng.errors import AiengError, ModelLoadError
-from aieng.loading.device import choose_device, choose_dtype, compute_dtype, wants_cuda
+from aieng.loading.device import choose_device, choose_dtype, wants_cuda
 from aieng.loading.memory import MemoryBudget, check_host_staging, check_memory_budget
 from aieng.model_facts import model_context_length
 from aieng.observability.metrics import MODEL_LOAD_ERRORS, MODEL_LOAD_SECONDS
 from aieng.settings import DEFAULTS
 from aieng.store import Manifest, ModelRef, ModelStore
-from aieng.store.introspect import check_servable, inspect_folder, needs_remote_code, read_config, weight_facts
+from aieng.store.introspect import check_servable, inspect_folder, needs_remote_code, read_config
 
 
 @dataclass(frozen=True)
@@ -67,12 +67,6 @@ class LoadedModel:
     def context_length(self) -> int:
         return model_context_length(self.model)
 
-    @property
-    def compute_dtype(self) -> torch.dtype:
-        """What activations and a ``model`` KV cache run in (``device.compute_dtype``): fp32 on the
-        CPU also for weights kept in the checkpoint's bf16."""
-        return compute_dtype(self.dtype, self.device)
-
 
 def load_version(store: ModelStore, ref: ModelRef, config: LoadConfig = LoadConfig()) -> LoadedModel:
     """Verify every hash of ``ref`` and load it; failures are counted and re-raised unchanged."""
@@ -86,7 +80,9 @@ def load_version(store: ModelStore, ref: ModelRef, config: LoadConfig = LoadConf
         store.verify_or_raise(resolved)
         path = store.version_dir(ref.name, version)
         manifest = Manifest.read(path)
-        loaded = _load(path, label=str(resolved), num_parameters=manifest.num_parameters, config=config)
+        loaded = _load(
+            path, label=str(resolved), num_parameters=manifest.num_parameters, stored=manifest.dtype, config=config
+        )
     except AiengError as exc:
         MODEL_LOAD_ERRORS.labels(model=ref.name, version=version, code=exc.code).inc()
         raise
@@ -104,13 +100,14 @@ def load_folder(path: Path | str, config: LoadConfig = LoadConfig(), *, name: st
     path = Path(path)
     start = time.perf_counter()
     facts = inspect_folder(path)
-    loaded = _load(path, label=str(path), num_parameters=facts.num_parameters, config=config)
+    loaded = _load(path, label=str(path), num_parameters=facts.num_parameters, stored=facts.dtype, config=config)
     loaded.name = name or path.name
     loaded.load_seconds = time.perf_counter() - start
     return loaded
 
 
-def _load(path: Path, *, label: str, num_parameters: int, config: LoadConfig) -> LoadedModel:
+def _load(path: Path, *, label: str, num_parameters: int, stored: str, config: LoadConfig) -> LoadedModel:
+    """``stored``: the checkpoint's dtype, as registration read it from the safetensors headers."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     folder_config = read_config(path)
@@ -121,7 +118,7 @@ def _load(path: Path, *, label: str, num_parameters: int, config: LoadConfig) ->
             code="remote_code_refused",
         )
     device = choose_device(config.device)
-    dtype = choose_dtype(config.dtype, device, _native_stored_dtype(path, folder_config))
+    dtype = choose_dtype(config.dtype, device, stored if _native_serves(path, folder_config) else None)
     split = config.max_memory is not None and device.type == "cuda"
     if split:  # split_plan checked the sum over the GPUs; each one's share is its max_memory
         device = torch.device("cuda", min(config.max_memory))
@@ -167,13 +164,10 @@ def _load(path: Path, *, label: str, num_parameters: int, config: LoadConfig) ->
     )
 
 
-def _native_stored_dtype(path: Path, folder_config: dict) -> str | None:
-    """The checkpoint's dtype (from the safetensors headers) when the native forward serves it,
-    which reads bf16 weights as they are (``device.choose_dtype``); None for the rest, which the
-    transformers forward runs in the dtype they load in."""
+def _native_serves(path: Path, folder_config: dict) -> bool:
+    """The native forward serves it, which reads bf16 weights as they are (``device.choose_dtype``);
+    the transformers forward runs a model in the dtype it loads in."""
     try:
-        if check_servable(folder_config, path) != "native":
-            return None
-        return weight_facts(path)[2]
+        return check_servable(folder_config, path) == "native"
     except AiengError:  # a folder the store would refuse: transformers' own load says why
-        return None
+        return False
