@@ -1,5 +1,10 @@
 """A store with demo@1 (current) and demo@2, and a 2-worker server on it with admin routes: what
-the hot-swap and canary tests run against (one of each per test module)."""
+the hot-swap and canary tests run against (one of each per test module).
+
+The server serves eagerly unless a module asks for the compiled stack (``server_args``): these
+modules judge the release mechanics (canaries, runbooks, dashboards), which are the same either
+way, and a compiled start costs a warm-cache trace of every graph. ``test_hot_swap`` compiles,
+because a successor sharing its predecessor's graphs under load is part of what it judges."""
 
 import pytest
 
@@ -29,7 +34,12 @@ def server_env() -> dict:
 
 
 @pytest.fixture(scope="module")
-def server(store, reload_poll_s, server_env):
+def server_args() -> list[str]:
+    return ["--workers", "2", "--no-compile"]
+
+
+@pytest.fixture(scope="module")
+def server(store, reload_poll_s, server_env, server_args):
     env = {"AIENG_ADMIN_TOKEN": ADMIN_TOKEN, "AIENG_RELOAD_POLL_S": reload_poll_s, **server_env}
-    with ServerProcess(store=store.root, extra_args=["--workers", "2"], env=env) as proc:
+    with ServerProcess(store=store.root, extra_args=server_args, env=env) as proc:
         yield proc

@@ -24,6 +24,12 @@ TOKEN = "test-admin-token"  # the admin token of the server fixture (conftest.py
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
+@pytest.fixture(scope="module")
+def server_args() -> list[str]:
+    """Compiled, as ``aieng serve`` runs: a successor takes its predecessor's graphs under load."""
+    return ["--workers", "2"]
+
+
 def wait_for_version(base_url: str, version: str, timeout: float = 240.0) -> float:
     start = time.monotonic()
     while time.monotonic() - start < timeout:

@@ -43,7 +43,7 @@ def test_sigterm_drains_in_flight_streams_and_exits_zero(demo_store, render):
     a fixed time, so a busy machine makes the test slower, not red."""
     drain_delay_s = 2.0
     proc = ServerProcess(
-        store=demo_store.root, extra_args=["--workers", "1", "--drain-delay", str(drain_delay_s)]
+        store=demo_store.root, extra_args=["--workers", "1", "--no-compile", "--drain-delay", str(drain_delay_s)]
     ).start()
     body = {
         "model": "demo",
