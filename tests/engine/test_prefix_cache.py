@@ -110,10 +110,39 @@ def test_a_prefix_of_a_running_row_is_copied_when_long_enough():
     cache.start_decoding("a")
     slot = cache.acquire("b", SYSTEM + [9, 9])
     assert slot != cache.slot_of["a"] and cache.lengths[slot] == 40 and holds(cache, slot, SYSTEM)
-    short = list(range(MIN_REUSED_PREFIX - 1)) + [5]
-    cache.acquire("c", short[:-1] + [0])
-    fill(cache, "c", short[:-1] + [0])
-    assert cache.lengths[cache.acquire("d", short)] == 0  # a few shared tokens: not worth a copy
+    short = list(range(MIN_REUSED_PREFIX - 1)) + [5, 6]
+    cache.acquire("c", short[:-2] + [0])
+    fill(cache, "c", short[:-2] + [0])
+    assert cache.lengths[cache.acquire("d", short)] == 0  # a few shared tokens of a longer prompt: no copy
+
+
+@torch.inference_mode()
+def test_a_repeated_short_prompt_is_a_whole_hit_however_few_its_tokens():
+    """Below ``MIN_REUSED_PREFIX`` a match counts when it is all of the prompt but its last token:
+    from a free slot keeping it (taken as it is), and from a running row (copied); a slot keeping a
+    long prompt that merely opens the same way gives a copy and keeps what it holds."""
+    cache = cache_with(slots=4)
+    short = [7, 8, 9, 10, 11]
+    cache.acquire("a", short)
+    fill(cache, "a", short)
+    cache.start_decoding("a")
+    fill(cache, "a", [3], start=len(short), prompt=False)
+    copied = cache.acquire("b", short)  # a is still running: its prompt is copied
+    assert copied != cache.slot_of["a"] and cache.lengths[copied] == len(short) - 1 and holds(cache, copied, short[:-1])
+    fill(cache, "b", short[-1:], start=len(short) - 1)
+    cache.release("a")
+    cache.release("b")
+    kept = {tuple(cache.tokens[slot]): slot for slot in range(cache.slots)}
+    again = cache.acquire("c", short)
+    assert again in (kept[(*short, 3)], kept[tuple(short)]) and cache.lengths[again] == len(short) - 1
+    assert cache.counts.hit == 2 * (len(short) - 1)
+
+    long = cache_with(slots=3)
+    long.acquire("sys", [1, 2, 3] + SYSTEM)
+    fill(long, "sys", [1, 2, 3] + SYSTEM)
+    long.release("sys")
+    slot = long.acquire("q", [1, 2, 3, 4])  # all but its last token open the long prompt
+    assert slot != 0 and long.lengths[slot] == 3 and long.tokens[0] == [1, 2, 3] + SYSTEM
 
 
 @torch.inference_mode()
@@ -234,6 +263,23 @@ def test_greedy_output_is_the_same_with_and_without_the_prefix_cache(demo, rende
     assert cached_on["r0"] == 0 and all(cached_on[f"r{i}"] >= shared for i in (2, 3))
     counts = on.prefix_counts()
     assert counts["hit"] == sum(cached_on.values()) and counts["miss"] == sum(map(len, prompts)) - counts["hit"]
+
+
+def test_short_prompts_asked_again_are_whole_hits_with_the_same_greedy_output(demo, render):
+    """Prompts shorter than ``MIN_REUSED_PREFIX`` (a repeated short question, a benchmark's loop)
+    asked a second time prefill only their last token, and answer as without the cache."""
+    from aieng.engine import Engine, EngineConfig
+
+    model, tokenizer = demo
+    prompts = [tokenizer(render(q))["input_ids"] for q in ("add: 2+3", "sort: oak ice", "reverse: egg")]
+    assert all(len(p) < MIN_REUSED_PREFIX for p in prompts)
+    off = Engine(model, tokenizer, config=EngineConfig(compile=False, prefix_cache=False))
+    on = Engine(model, tokenizer, config=EngineConfig(compile=False, prefix_cache=True))
+    tokens_off, _ = greedy_run(off, prompts, together=True)
+    first, _ = greedy_run(on, prompts, together=True)
+    again, cached = greedy_run(on, prompts, together=True)
+    assert first == again == tokens_off
+    assert cached == {f"r{i}": len(p) - 1 for i, p in enumerate(prompts)}
 
 
 def test_a_follow_up_turn_reuses_the_conversation_so_far(demo, render):

@@ -255,8 +255,10 @@ class SlotKVCache:
 
     def _longest_prefix(self, prompt: list[int]) -> tuple[int, int | None]:
         """(length, slot) of the longest prefix of ``prompt`` any slot holds, from
-        ``MIN_REUSED_PREFIX`` tokens; a free slot wins ties (it may need no copy)."""
-        best, source = MIN_REUSED_PREFIX - 1, None
+        ``MIN_REUSED_PREFIX`` tokens, or from all of a shorter prompt but its last token (a
+        repeated short prompt is a whole hit, however few its tokens); a free slot wins ties (it
+        may need no copy)."""
+        best, source = min(MIN_REUSED_PREFIX, max(len(prompt) - 1, 1)) - 1, None
         for slot in range(self.slots):
             n = common_prefix(self.tokens[slot], prompt, len(prompt) - 1)
             if n > best or (n == best and source is not None and self.owner[slot] is None):
