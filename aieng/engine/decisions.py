@@ -60,16 +60,16 @@ def setting_said(name: str, value: str) -> str:
     return f"{name}={value}: measured on this host" if value == "auto" else f"{name}={value}"
 
 
-def kv_why(config, dtype: torch.dtype, model_dtype: torch.dtype, decode_kernel: bool) -> str:
+def kv_why(config, dtype: torch.dtype, activations_dtype: torch.dtype, decode_kernel: bool) -> str:
     """Why the native KV cache has ``dtype`` (``slots.kv_dtype``'s rule, in words)."""
     if config.kv_cache_dtype != "auto":
         return f"AIENG_KV_CACHE_DTYPE={config.kv_cache_dtype}"
-    if dtype != model_dtype:
+    if dtype != activations_dtype:
         return (
             "AIENG_KV_CACHE_DTYPE=auto: the one-row step streams bf16 weights and aieng's kernel reads the "
             "cache, so half the bytes per decoded token"
         )
-    if model_dtype != torch.float32:
+    if activations_dtype != torch.float32:
         return "AIENG_KV_CACHE_DTYPE=auto: the activations' dtype"
     if not decode_kernel:
         return "AIENG_KV_CACHE_DTYPE=auto: the activations' dtype, since PyTorch's attention would widen a bf16 cache"

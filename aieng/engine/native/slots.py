@@ -82,18 +82,18 @@ class SlotShape:
         return 2 * self.layers * self.kv_heads * self.head_dim * element
 
 
-def kv_dtype(setting: str, model_dtype: torch.dtype, *, one_row_bf16: bool, decode_kernel: bool) -> torch.dtype:
+def kv_dtype(setting: str, activations_dtype: torch.dtype, *, one_row_bf16: bool, decode_kernel: bool) -> torch.dtype:
     """The cache's dtype. ``auto``: bf16 where the one-row step was measured to be bound by memory
     (the format plan streams bf16 weights at 1 token) and aieng's kernel reads the cache (it widens
-    bf16 as it loads; SDPA would copy the cache to fp32 first); else ``model_dtype``, the
-    activations' (fp32 on the CPU, also for weights kept in bf16). A bf16 cache
+    bf16 as it loads; SDPA would copy the cache to fp32 first); else ``activations_dtype`` (fp32 on
+    the CPU, also for weights kept in bf16). A bf16 cache
     halves the bytes a long-context decode reads and the memory a row holds; ``aieng eval
     --kv-cache-dtype bfloat16`` records its accuracy."""
     if setting not in ("auto", "model", "bfloat16"):
         raise AiengError(f"KV cache dtype {setting!r}: use auto, model or bfloat16", code="bad_kv_cache_dtype")
     if setting == "bfloat16" or (setting == "auto" and decode_kernel and one_row_bf16):
         return torch.bfloat16
-    return model_dtype
+    return activations_dtype
 
 
 def plan_slots(shape: SlotShape, *, budget_bytes: int, capacity: int, max_rows: int) -> int:
@@ -258,9 +258,11 @@ class SlotKVCache:
         ``MIN_REUSED_PREFIX`` tokens, or from all of a shorter prompt but its last token (a
         repeated short prompt is a whole hit, however few its tokens); a free slot wins ties (it
         may need no copy)."""
-        best, source = min(MIN_REUSED_PREFIX, max(len(prompt) - 1, 1)) - 1, None
+        whole = len(prompt) - 1  # the last prompt token always runs
+        shortest = min(MIN_REUSED_PREFIX, max(whole, 1))
+        best, source = shortest - 1, None
         for slot in range(self.slots):
-            n = common_prefix(self.tokens[slot], prompt, len(prompt) - 1)
+            n = common_prefix(self.tokens[slot], prompt, whole)
             if n > best or (n == best and source is not None and self.owner[slot] is None):
                 best, source = n, slot
         return (best, source) if source is not None else (0, None)
